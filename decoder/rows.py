@@ -1,0 +1,74 @@
+"""Per-row decode state: committed tokens, stop conditions (max_new_tokens, EOS, stop strings)."""
+from __future__ import annotations
+
+import numpy as np
+
+from decoder.stats import GenerationStats
+
+
+class Row:
+    def __init__(self, index: int, prompt: np.ndarray, max_new: int, eos: np.ndarray, stop: list[str]):
+        self.index = index  # the row id drafters see (position in the caller's batch)
+        self.prompt_len = int(prompt.shape[0])
+        self.max_new = max_new
+        self.buf = np.empty(self.prompt_len + max_new, dtype=np.int64)  # [p + max_new] prompt + output
+        self.buf[: self.prompt_len] = prompt
+        self.length = self.prompt_len
+        self.eos = eos  # [e] int64
+        self.stop = [s for s in stop if s]
+        self.stop_window = max((len(s) for s in self.stop), default=0) + 2  # tokens of earlier text
+        self.done = False
+        self.stats = GenerationStats()
+        self.failures0 = 0
+
+    @property
+    def context(self) -> np.ndarray:
+        return self.buf[: self.length]
+
+    @property
+    def output(self) -> np.ndarray:
+        return self.buf[self.prompt_len : self.length]
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new - (self.length - self.prompt_len)
+
+    def commit(self, tokens: np.ndarray, tokenizer) -> int:
+        """Append tokens (the accepted path + bonus) up to the first stop condition; -> how many."""
+        n = min(int(tokens.shape[0]), self.remaining)
+        reason = "length" if n == self.remaining else ""
+        hit = np.flatnonzero(np.isin(tokens[:n], self.eos))
+        if hit.shape[0]:
+            n, reason = int(hit[0]) + 1, "eos"  # generate keeps the EOS token
+        start = self.length
+        self.buf[start : start + n] = tokens[:n]
+        self.length += n
+        if self.stop and n:
+            cut = self._stop_cut(start, tokenizer)
+            if cut is not None:
+                self.length, reason = cut, "stop"
+                n = cut - start
+        if reason:
+            self.done, self.stats.stop_reason = True, reason
+        return n
+
+    def _stop_cut(self, start: int, tokenizer) -> int | None:
+        """Length of the context ending with the first token that completes a stop string."""
+        lo = max(self.prompt_len, start - self.stop_window)
+        if not self._has_stop(tokenizer.decode(self.buf[lo : self.length].tolist())):
+            return None
+        for end in range(start + 1, self.length + 1):  # once per decode: the step that stops
+            if self._has_stop(tokenizer.decode(self.buf[lo:end].tolist())):
+                return end
+        return self.length
+
+    def _has_stop(self, text: str) -> bool:
+        return any(s in text for s in self.stop)
+
+    def text(self, tokenizer) -> str:
+        text = tokenizer.decode(self.output.tolist(), skip_special_tokens=True)
+        if self.stats.stop_reason == "stop":  # cut right after the first stop string
+            ends = [text.find(s) + len(s) for s in self.stop if s in text]
+            if ends:
+                text = text[: min(ends)]
+        return text

@@ -1,0 +1,191 @@
+"""SuffixIndex search and exact weighted-trie drafting against brute-force references (no LMDB)."""
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import datastore.index as index_mod
+from datastore.index import SuffixIndex, count_in, draft_from, pattern_range, split_children
+from datastore_naive import count, longest_match, make_index, reference_draft, stream
+
+VOCAB = 5  # tiny: many repeats, many ties
+SETTINGS = settings(max_examples=80, deadline=None)
+
+docs_st = st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=60), min_size=1, max_size=8)
+context_st = st.lists(st.integers(0, VOCAB - 1), min_size=0, max_size=9)
+pattern_st = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=5)
+
+
+def split_docs(docs, cuts):
+    """docs cut into consecutive groups (shards) at the given points."""
+    bounds = sorted({min(c, len(docs)) for c in cuts})
+    groups, start = [], 0
+    for b in bounds + [len(docs)]:
+        groups.append(docs[start:b])
+        start = b
+    return groups
+
+
+def force_sampling():
+    """Every range goes through the sampled path with a stride > 1."""
+    return mock.patch.multiple(index_mod, SMALL_RANGE=0, DENSE_RANGE=0, SAMPLES=2)
+
+
+@SETTINGS
+@given(docs=docs_st, pattern=pattern_st)
+def test_count_equals_brute_force(docs, pattern):
+    ix = make_index(docs, VOCAB)
+    assert count_in([ix], pattern) == count(docs, pattern)
+
+
+@SETTINGS
+@given(docs=docs_st, pattern=pattern_st, cuts=st.lists(st.integers(0, 8), max_size=3))
+def test_count_sums_over_indexes(docs, pattern, cuts):
+    indexes = [make_index(g, VOCAB) for g in split_docs(docs, cuts)]
+    assert count_in(indexes, pattern) == count(docs, pattern)
+
+
+@SETTINGS
+@given(docs=docs_st, pattern=pattern_st)
+def test_pattern_range_holds_exactly_the_matching_suffixes(docs, pattern):
+    ix = make_index(docs, VOCAB)
+    lo, hi = pattern_range(ix, pattern)
+    tokens = ix.tokens.astype(np.int64)
+    heads = [tuple(tokens[s:s + len(pattern)]) for s in ix.sa.tolist()]
+    inside = [i for i, h in enumerate(heads) if h == tuple(pattern)]
+    assert (lo, hi) == ((inside[0], inside[-1] + 1) if inside else (lo, lo))
+
+
+@SETTINGS
+@given(docs=docs_st, context=context_st, budget=st.sampled_from([1, 2, 5, 64]),
+       max_depth=st.integers(1, 6), max_suffix=st.integers(1, 5), min_suffix=st.integers(1, 3))
+def test_draft_is_the_exact_best_first_trie(docs, context, budget, max_depth, max_suffix, min_suffix):
+    min_suffix = min(min_suffix, max_suffix)
+    ix = make_index(docs, VOCAB)
+    got = draft_from([ix], context, budget, max_depth, max_suffix, min_suffix)
+    want = reference_draft(docs, context, budget, max_depth, max_suffix, min_suffix)
+    assert got.same_as(want), (got.paths(), want.paths())
+    assert got.match_len == longest_match(docs, context, max_suffix, min_suffix) or len(context) < min_suffix
+
+
+@SETTINGS
+@given(docs=docs_st, context=context_st, cuts=st.lists(st.integers(0, 8), min_size=1, max_size=4),
+       budget=st.sampled_from([1, 3, 64]))
+def test_sharded_draft_equals_unsharded(docs, context, cuts, budget):
+    whole = draft_from([make_index(docs, VOCAB)], context, budget, 5, 4)
+    shards = [make_index(g, VOCAB) for g in split_docs(docs, cuts)]  # some may be empty
+    assert draft_from(shards, context, budget, 5, 4).same_as(whole)
+
+
+@SETTINGS
+@given(docs=docs_st, context=context_st, cuts=st.lists(st.integers(0, 8), max_size=3),
+       budget=st.sampled_from([1, 4, 64]))
+def test_sampled_splitting_is_exact(docs, context, cuts, budget):
+    shards = [make_index(g, VOCAB) for g in split_docs(docs, cuts)]
+    with force_sampling():
+        got = draft_from(shards, context, budget, 5, 4)
+    assert got.same_as(reference_draft(docs, context, budget, 5, 4))
+
+
+def test_every_node_count_is_the_count_of_suffix_plus_path():
+    rng = np.random.default_rng(7)
+    docs = [rng.integers(0, 4, rng.integers(20, 400)) for _ in range(30)]
+    ix = make_index(docs, 4)
+    checked = 0
+    for _ in range(20):
+        context = rng.integers(0, 4, 12)
+        tree = draft_from([ix], context, budget=40, max_depth=8, max_suffix=6)
+        assert len(tree) > 0 and tree.match_len == longest_match(docs, context, 6, 1)
+        suffix = tuple(context[len(context) - tree.match_len:].tolist())
+        for path, c in tree.paths().items():
+            assert c == count(docs, suffix + path) > 0
+            checked += 1
+    assert checked > 200
+
+
+def test_large_ranges_are_sampled_and_exact():
+    """A range of ~100k suffixes (one frequent token) is split by sampling: same tree as the
+    brute-force trie, far fewer values read than the range holds."""
+    rng = np.random.default_rng(3)
+    docs = [np.where(rng.random(5000) < 0.5, 0, rng.integers(1, 300, 5000)) for _ in range(40)]
+    ix = make_index(docs, 300)
+    assert pattern_range(ix, [0])[1] - pattern_range(ix, [0])[0] > index_mod.DENSE_RANGE
+    for context in ([7, 0], [5, 9, 0], [299]):
+        got = draft_from([ix], context, budget=64, max_depth=3, max_suffix=3)
+        assert got.same_as(reference_draft(docs, context, 64, 3, 3))
+        assert got.match_len >= 1
+
+
+def test_no_path_crosses_a_document():
+    sep = 3
+    docs = [[0, 1, 2], [0, 1], [2, 0, 1, 2, 2], [1]]
+    ix = make_index(docs, sep)
+    tree = draft_from([ix], [0, 1], budget=64, max_depth=8, max_suffix=4)
+    assert sep not in tree.tokens.tolist()
+    assert tree.paths() == {(2,): 2, (2, 2): 1}
+    # [2, 2] ends a document: its only continuation is the separator, which is never drafted
+    ends = draft_from([ix], [2, 2], budget=64, max_depth=8)
+    assert len(ends) == 0 and ends.match_len == 2
+
+
+def test_separator_and_foreign_ids_in_context_act_as_barriers():
+    sep = 4
+    docs = [[0, 1, 2, 3], [1, 2, 0]]
+    ix = make_index(docs, sep)
+    clean = draft_from([ix], [1, 2], max_suffix=8)
+    for noise in ([sep], [sep + 5], [-1], [2**40], [65535]):
+        tree = draft_from([ix], [0] + noise + [1, 2], max_suffix=8)
+        assert tree.same_as(clean), noise
+        assert len(draft_from([ix], [1, 2] + noise, max_suffix=8)) == 0
+        assert count_in([ix], [1] + noise) == 0
+    assert count_in([ix], [1, 2]) == 2
+
+
+def test_short_context_and_zero_budget_give_empty_trees():
+    ix = make_index([[0, 1, 0, 1]], 2)
+    assert len(draft_from([ix], [], budget=8)) == 0
+    assert len(draft_from([ix], [0], budget=8, min_suffix=2)) == 0
+    assert len(draft_from([ix], [0, 1], budget=0)) == 0
+    assert len(draft_from([], [0, 1], budget=8)) == 0
+    tree = draft_from([ix], np.array([1, 0], dtype=np.int64), budget=8)
+    assert tree.match_len == 2 and tree.paths() == {(1,): 1}
+
+
+def test_bad_arguments_are_rejected():
+    ix = make_index([[0, 1]], 2)
+    for kwargs in ({"budget": -1}, {"max_depth": 0}, {"min_suffix": 0}, {"min_suffix": 5, "max_suffix": 4}):
+        with pytest.raises(ValueError):
+            draft_from([ix], [0], **kwargs)
+    with pytest.raises(ValueError):
+        count_in([ix], [])
+    with pytest.raises(TypeError):
+        draft_from([ix], [0.5, 1.5])
+
+
+def test_uint32_tokens_and_int64_suffix_array():
+    vocab = 70_000
+    rng = np.random.default_rng(5)
+    docs = [np.concatenate([rng.integers(65_530, vocab, 50), [66_000, 69_999, 1]]) for _ in range(20)]
+    tokens = stream(docs, vocab, np.uint32)
+    ix = make_index(docs, vocab, np.uint32)
+    ix64 = SuffixIndex(tokens, ix.sa.astype(np.int64))
+    assert ix.separator == vocab
+    for pattern in ([66_000, 69_999], [69_999, 1], [1, 66_000], [66_000 - 65_536]):
+        assert count_in([ix], pattern) == count_in([ix64], pattern) == count(docs, pattern)
+    tree = draft_from([ix64], [5, 66_000], budget=16)
+    assert tree.same_as(reference_draft(docs, [5, 66_000], 16)) and tree.match_len == 1
+    assert tree.paths()[(69_999,)] == 20
+
+
+def test_split_children_keeps_only_what_can_be_popped():
+    docs = [[0, t] for t in range(1, 9)] + [[0, 1]] * 3 + [[0, 5]] * 2
+    ix = make_index(docs, 9)
+    ranges = (pattern_range(ix, [0]),)
+    everything = split_children([ix], ranges, 1, 9)
+    assert [(t, c) for t, c, _ in everything] == [(1, 4), (5, 3), (2, 1), (3, 1), (4, 1), (6, 1), (7, 1), (8, 1)]
+    assert [(t, c) for t, c, _ in split_children([ix], ranges, 1, 9, keep=3)] == [(1, 4), (5, 3), (2, 1)]
+    assert split_children([ix], ranges, 1, 9, keep=0) == []

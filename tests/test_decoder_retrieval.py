@@ -1,0 +1,110 @@
+"""RetrievalDrafter over a real LMDB datastore; fingerprint check; remote failures; make_drafters."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from builder.tokenizer import tokenizer_info
+from datastore.tree import DraftTree
+from decoder import DecoderSettings, SpeculativeDecoder
+from decoder.drafters.registry import make_drafters
+from decoder.drafters.retrieval import RetrievalDrafter, TokenizerMismatchError
+from decoder_util import StubTokenizer, greedy, prompts, single_thread, tiny_model  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+N = 24
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny model and a real datastore holding its greedy continuations of some prompts."""
+    from builder.writer import write_datastore
+
+    model = tiny_model("qwen2", "sdpa", seed=8)
+    ps = prompts(8, seed=9, lo=4, hi=12)
+    outs = [greedy(model, p, N + 8) for p in ps]
+    path = tmp_path_factory.mktemp("ds") / "store"
+    docs = [np.asarray(p + o, dtype=np.int64) for p, o in zip(ps[:6], outs[:6])]  # 2 prompts unseen
+    write_datastore(path, docs, tokenizer_info(StubTokenizer(), "stub"))
+    return model, ps, outs, path
+
+
+def test_decode_with_real_datastore(world):
+    model, ps, outs, path = world
+    dec = SpeculativeDecoder(model, StubTokenizer(),
+                             make_drafters(["retrieval"], datastore=str(path), tokenizer=StubTokenizer()),
+                             DecoderSettings(budget=24))
+    gens = [dec.generate(p, max_new_tokens=N) for p in ps]
+    assert [g.token_ids for g in gens] == [o[:N] for o in outs]
+    seen = np.mean([g.stats.tokens_per_step for g in gens[:6]])
+    assert seen > 4, seen  # the datastore holds these continuations
+    assert gens[0].stats.accepted_by_source["retrieval"] > N // 2
+    batch = dec.generate_batch(ps, max_new_tokens=N)
+    assert [g.token_ids for g in batch] == [o[:N] for o in outs]
+
+
+def test_fingerprint_mismatch_names_both(world):
+    _, _, _, path = world
+    from datastore.store import Datastore
+
+    with Datastore.open(path) as ds:
+        with pytest.raises(TokenizerMismatchError) as err:
+            RetrievalDrafter(ds, tokenizer_fingerprint="f" * 64)
+        assert "f" * 64 in str(err.value) and ds.tokenizer["fingerprint"] in str(err.value)
+        RetrievalDrafter(ds, tokenizer_fingerprint=ds.tokenizer["fingerprint"])  # the right one passes
+
+
+class FlakyRemote:
+    """Stands in for client.DraftClient: works for `good` calls, then the server is 'killed':
+    like the real client it returns an empty tree and counts the failure (or raises, mode='raise')."""
+
+    def __init__(self, store, good: int, mode: str = "empty"):
+        self.store, self.good, self.mode, self.failures, self.calls = store, good, mode, 0, 0
+
+    def info(self):
+        return {"tokenizer": self.store.tokenizer}
+
+    def draft(self, context, budget, max_depth, max_suffix, min_suffix):
+        self.calls += 1
+        if self.calls <= self.good:
+            return self.store.draft(context, budget, max_depth, max_suffix, min_suffix)
+        if self.mode == "raise":
+            raise ConnectionError("server gone")
+        self.failures += 1
+        return DraftTree.empty()
+
+
+@pytest.mark.parametrize("mode", ["empty", "raise"])
+def test_remote_dies_mid_generation(world, mode):
+    model, ps, outs, path = world
+    from datastore.store import Datastore
+
+    with Datastore.open(path) as ds:
+        remote = FlakyRemote(ds, good=2, mode=mode)
+        fp = tokenizer_info(StubTokenizer(), "x")["fingerprint"]
+        dec = SpeculativeDecoder(model, StubTokenizer(), [RetrievalDrafter(remote, tokenizer_fingerprint=fp)],
+                                 DecoderSettings(budget=8))
+        g = dec.generate(ps[0], max_new_tokens=N)
+    assert g.token_ids == outs[0][:N]
+    assert g.stats.datastore_failures == remote.calls - 2 > 0
+    assert g.stats.accepted_by_source.get("retrieval", 0) > 0  # the first two steps drafted
+
+
+def test_make_drafters_errors(world):
+    _, _, _, path = world
+    with pytest.raises(ValueError, match="unknown drafter 'nope'"):
+        make_drafters(["nope"])
+    with pytest.raises(ValueError, match="needs a datastore"):
+        make_drafters(["retrieval"])
+    with pytest.raises(ValueError, match="not both"):
+        make_drafters(["retrieval"], datastore=str(path), address="127.0.0.1:1")
+    (d,) = make_drafters("retrieval", datastore=str(path), retrieval={"max_suffix": 8})
+    assert isinstance(d, RetrievalDrafter) and d.max_suffix == 8
+
+
+def test_settings_validation():
+    for bad in ({"budget": 0}, {"budget": "big"}, {"max_depth": 0}, {"max_tree": -1},
+                {"calibration_decay": 0.0}, {"dtype": "int8"}, {"eos_token_ids": (-1,)}):
+        with pytest.raises(ValueError):
+            DecoderSettings(**bad)
+    assert DecoderSettings(budget=5, eos_token_ids=[3]).eos_token_ids == (3,)
