@@ -174,6 +174,16 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def save(results: dict, out: Path) -> None:
+    """decode.json + decode.md (+ decode.png); called after each dtype so a cut run keeps its part."""
+    from benchmarks.plot import plot_decode
+
+    results["verdicts"] = verdicts(results)
+    bd.write_json(out / "decode.json", results)
+    (out / "decode.md").write_text(markdown(results), encoding="utf-8")
+    plot_decode(results, out / "decode.png")
+
+
 def run(settings: DecodeBenchSettings) -> dict:
     from builder.tokenizer import load_tokenizer
     from datastore.store import Datastore
@@ -189,7 +199,7 @@ def run(settings: DecodeBenchSettings) -> dict:
         "settings": {"prompts": settings.prompts, "max_new_tokens": settings.max_new_tokens,
                      "dtypes": list(settings.dtypes), "budget": settings.budget, "drafters": ["retrieval"],
                      "model": "smollm2"},
-        "datastore": {"path": str(store_dir), "which": which, "tokens": bd.store_tokens(store_dir)},
+        "datastore": {"path": str(store_dir), "which": which, "tokens": bd.store_tokens(store)},
         "targets": TARGETS,
         "dtypes": {},
     }
@@ -198,7 +208,7 @@ def run(settings: DecodeBenchSettings) -> dict:
         s = results["dtypes"][dtype]["summary"]
         bd.log(f"{dtype}: {s['tokens_per_step']:.2f} tokens/step, {s['speedup']:.2f}x, "
                f"identical {s['identical']}/{s['prompts']}")
-    results["verdicts"] = verdicts(results)
+        save(results, settings.out)
     return results
 
 
@@ -222,11 +232,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench_decode: error: {exc}", file=sys.stderr)
         return 2
     results = run(settings)
-    bd.write_json(settings.out / "decode.json", results)
-    (settings.out / "decode.md").write_text(markdown(results), encoding="utf-8")
-    from benchmarks.plot import plot_decode
-
-    plot_decode(results, settings.out / "decode.png")
     print(markdown(results))
     bd.log(f"wrote {settings.out}/decode.json, decode.md, decode.png")
     return 0

@@ -2,8 +2,9 @@
 
 Contexts: HumanEval prompts + canonical solutions, tokenized with the datastore's own tokenizer and
 cut at random points (the context is everything before the cut). Each call drafts with budget 64
-(max_depth 16, max_suffix 16). Reports p50/p99/mean latency, mean tree size and match_len, and as a
-same-run baseline the same calls with every suffix-array range gathered whole (no sampling of large
+(max_depth 16, max_suffix 16). Reports p50/p99/mean latency (wall and thread CPU), a second pass
+over the same contexts (split cache warm), mean tree size and match_len, and as a same-run
+baseline the same calls with every suffix-array range gathered whole (no sampling of large
 ranges), so the ratio survives a noisy machine.
 
     python benchmarks/bench_draft.py --datastore benchmarks/work/code
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -69,7 +71,7 @@ def humaneval_contexts(tokenizer, n: int, seed: int) -> list[np.ndarray]:
 @contextmanager
 def dense_splitting():
     """The baseline: every range gathered whole, however large."""
-    with mock.patch.multiple(index_mod, SMALL_RANGE=0, DENSE_RANGE=1 << 62):
+    with mock.patch.multiple(index_mod, SMALL_RANGE=0, DENSE_RANGE=1 << 62, SPARSE_SAMPLES=0):
         yield
 
 
@@ -106,8 +108,12 @@ def run(s: BenchSettings) -> dict:
     if tokenizer_info(tokenizer, tok_meta["name"])["fingerprint"] != tok_meta["fingerprint"]:
         raise DatastoreError(f"{s.datastore}: built with another tokenizer than {tok_meta['name']!r}")
     contexts = humaneval_contexts(tokenizer, s.contexts, s.seed)
+    index_mod._SPLITS.clear()
     time_drafts(store, contexts[: min(100, len(contexts))], s, "warm-up")
     result = time_drafts(store, contexts, s, "draft")
+    # The same contexts again: large splits of frequent n-grams now come from the split cache,
+    # as they do in a long-running server.
+    warm = time_drafts(store, contexts, s, "draft (second pass)")
     base = contexts[: s.baseline_contexts]
     baseline = None
     if base:
@@ -123,17 +129,20 @@ def run(s: BenchSettings) -> dict:
                       "shards": len(store.shards), "tokenizer": tok_meta["name"],
                       "open_seconds_with_verify": round(open_s, 3)},
         "draft": result,
+        "draft_second_pass": warm,
         "targets_ms": TARGETS_MS,
         "meets_targets": result["p50_ms"] <= TARGETS_MS["p50"] and result["p99_ms"] <= TARGETS_MS["p99"],
         "baseline": baseline,
-        "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "loadavg": [round(x, 1) for x in os.getloadavg()],
+                    "cpu": platform.processor() or platform.machine()},
     }
     store.close()
     return report
 
 
 def markdown(r: dict) -> str:
-    d, st = r["draft"], r["datastore"]
+    d, w, st = r["draft"], r["draft_second_pass"], r["datastore"]
     lines = [
         "# Datastore draft latency (in process)",
         "",
@@ -148,12 +157,18 @@ def markdown(r: dict) -> str:
         f"| wall | {d['p50_ms']:.3f} | {d['p90_ms']:.3f} | {d['p99_ms']:.3f} | {d['max_ms']:.3f} | "
         f"{d['mean_ms']:.3f} |",
         f"| thread CPU | {d['cpu_p50_ms']:.3f} | | {d['cpu_p99_ms']:.3f} | | {d['cpu_mean_ms']:.3f} |",
+        f"| wall, second pass (split cache warm) | {w['p50_ms']:.3f} | {w['p90_ms']:.3f} | "
+        f"{w['p99_ms']:.3f} | {w['max_ms']:.3f} | {w['mean_ms']:.3f} |",
+        f"| thread CPU, second pass | {w['cpu_p50_ms']:.3f} | | {w['cpu_p99_ms']:.3f} | | "
+        f"{w['cpu_mean_ms']:.3f} |",
         "",
         f"Mean tree size {d['mean_tree_size']:.1f} nodes, mean match_len {d['mean_match_len']:.2f}, "
         f"empty trees {d['empty_fraction']:.1%}.",
         "",
-        f"Targets: p50 <= {r['targets_ms']['p50']} ms, p99 <= {r['targets_ms']['p99']} ms: "
-        f"{'met' if r['meets_targets'] else 'NOT met'}.",
+        f"Targets (first pass, wall): p50 <= {r['targets_ms']['p50']} ms, p99 <= "
+        f"{r['targets_ms']['p99']} ms: {'met' if r['meets_targets'] else 'NOT met'}. "
+        f"Load average while running: {r['machine']['loadavg']} on {r['machine']['cpus']} cores "
+        "(the thread-CPU rows leave out time spent waiting for a core).",
     ]
     b = r["baseline"]
     if b:

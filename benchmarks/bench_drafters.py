@@ -125,18 +125,19 @@ def run_prompt(decs: Decoders, prompt: wl.Prompt, ids: list[int], index: int, se
     n = settings.max_new_tokens
     base_dec = decs.get("ngram", store_for(prompt))
     eos, pad = base_dec.eos.tolist(), base_dec.pad_id
-    greedy = bd.hf_generate(decs.model, ids, n, eos, pad)
-    order = list(settings.methods)
+    order = ["greedy", *settings.methods]
     order = order[index % len(order):] + order[: index % len(order)]  # rotate: load drifts
-    out = {"id": prompt.id, "kind": prompt.kind, "prompt_tokens": len(ids), "greedy": bd.timed_dict(greedy),
-           "methods": {}}
     refs = list(prompt.references) or None
+    timed = {}
     for method in order:
-        if method == "prompt_lookup":
-            t = bd.hf_generate(decs.model, ids, n, eos, pad, prompt_lookup=10)
+        if method in ("greedy", "prompt_lookup"):
+            timed[method] = bd.hf_generate(decs.model, ids, n, eos, pad,
+                                           prompt_lookup=10 if method == "prompt_lookup" else 0)
         else:
-            t = bd.speculative(decs.get(method, store_for(prompt)), ids, n, references=refs)
-        out["methods"][method] = bd.timed_dict(t, greedy.ids)
+            timed[method] = bd.speculative(decs.get(method, store_for(prompt)), ids, n, references=refs)
+    greedy = timed["greedy"]
+    out = {"id": prompt.id, "kind": prompt.kind, "prompt_tokens": len(ids), "greedy": bd.timed_dict(greedy),
+           "methods": {m: bd.timed_dict(timed[m], greedy.ids) for m in settings.methods}}
     if dtype != "float32":
         gaps = bd.position_gaps(decs.model, ids, greedy.ids)
         for method, t in out["methods"].items():
@@ -214,6 +215,8 @@ def markdown(results: dict) -> str:
         "identical = outputs equal to plain greedy token for token.",
     ]
     for w, res in results["workloads"].items():
+        if not res["dtypes"]:
+            continue  # not measured (yet)
         lines += ["", f"## {w} ({res['prompts']} prompts: {', '.join(res['prompt_ids'])})", ""]
         dtypes = list(res["dtypes"])
         lines.append("| method | " + " | ".join(f"{d} tok/step | {d} tok/s | {d} speed-up | {d} identical"
@@ -251,6 +254,16 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def save(results: dict, out: Path) -> None:
+    """drafters.json/.md/.png; called after each workload so a cut run keeps its part."""
+    from benchmarks.plot import plot_drafters
+
+    results["verdicts"] = verdicts(results)
+    bd.write_json(out / "drafters.json", results)
+    (out / "drafters.md").write_text(markdown(results), encoding="utf-8")
+    plot_drafters(results, out / "drafters.png")
+
+
 def run(settings: DraftersBenchSettings) -> dict:
     from builder.tokenizer import load_tokenizer
     from datastore.store import Datastore
@@ -274,8 +287,8 @@ def run(settings: DraftersBenchSettings) -> dict:
         "settings": {"max_new_tokens": settings.max_new_tokens, "dtypes": list(settings.dtypes),
                      "methods": list(settings.methods), "budget": settings.budget, "model": "smollm2",
                      "prompt_lookup_num_tokens": 10},
-        "stores": {"code": {"path": str(code_dir), "which": which, "tokens": bd.store_tokens(code_dir)},
-                   "chat": {"path": str(chat_dir), "tokens": bd.store_tokens(chat_dir)}},
+        "stores": {"code": {"path": str(code_dir), "which": which, "tokens": bd.store_tokens(stores["code"])},
+                   "chat": {"path": str(chat_dir), "tokens": bd.store_tokens(stores["chat"])}},
         "targets": TARGETS,
         "workloads": {w: {"prompts": len(p), "prompt_ids": [x.id for x in p], "dtypes": {}} for w, p in loads.items()},
     }
@@ -296,8 +309,8 @@ def run(settings: DraftersBenchSettings) -> dict:
             best = max(entry["methods"].items(), key=lambda kv: kv[1]["summary"]["speedup"])
             bd.log(f"{w} {dtype}: best {best[0]} {best[1]['summary']['speedup']:.2f}x, "
                    f"{best[1]['summary']['tokens_per_step']:.2f} tokens/step")
+            save(results, settings.out)
         del decs, model
-    results["verdicts"] = verdicts(results)
     return results
 
 
@@ -328,11 +341,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench_drafters: error: {exc}", file=sys.stderr)
         return 2
     results = run(settings)
-    bd.write_json(settings.out / "drafters.json", results)
-    (settings.out / "drafters.md").write_text(markdown(results), encoding="utf-8")
-    from benchmarks.plot import plot_drafters
-
-    plot_drafters(results, settings.out / "drafters.png")
     print(markdown(results))
     bd.log(f"wrote {settings.out}/drafters.json, drafters.md, drafters.png")
     return 0

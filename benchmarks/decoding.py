@@ -42,15 +42,10 @@ def machine() -> dict:
     }
 
 
-def store_tokens(path: Path) -> int | None:
-    from datastore.store import Datastore
-
-    try:
-        store = Datastore.open(path)
-        meta = getattr(store, "meta", None) or {}
-        return int(sum(s["tokens"] for s in meta.get("shards", []))) or None
-    except Exception:  # noqa: BLE001 - informational only
-        return None
+def store_tokens(store) -> int | None:
+    """Static tokens of an open Datastore (informational)."""
+    tokens = getattr(store, "tokens", None)
+    return int(tokens) if tokens is not None else None
 
 
 def pick_code_store(explicit: str | None = None) -> tuple[Path, str]:

@@ -55,7 +55,7 @@ def plot_decode(results: dict, out: Path) -> None:
 
 def plot_drafters(results: dict, out: Path) -> None:
     """One panel per workload: speed-up over plain greedy for each method, a bar per dtype."""
-    workloads = list(results["workloads"])
+    workloads = [w for w, r in results["workloads"].items() if r["dtypes"]]  # measured ones
     fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4.5), squeeze=False)
     for ax, w in zip(axes[0], workloads):
         per_dtype = results["workloads"][w]["dtypes"]

@@ -15,8 +15,8 @@ from typing import Sequence
 import grpc
 
 from client import messages
-from client.draft_client import BAD_RESPONSE, _or, make_settings
-from client.failures import CallGuard, DraftServiceError
+from client.draft_client import call_timeout, make_settings
+from client.failures import BAD_RESPONSE, CallGuard, DraftServiceError
 from client.messages import DatastoreInfo, DraftArgs
 from client.settings import ClientSettings, TlsConfig, channel_options
 from datastore.tree import DraftTree
@@ -67,7 +67,7 @@ class AsyncDraftClient:
     async def info(self, timeout: float | None = None) -> DatastoreInfo:
         try:
             msg = await self._rpc("Info", pb.InfoRequest(),
-                                  _or(timeout, self.settings.admin_timeout))
+                                  call_timeout(timeout, self.settings.admin_timeout))
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear error
             code, details = self._guard.failed("Info", exc)
             raise DraftServiceError(self.target, "Info", code, details) from exc
@@ -81,7 +81,8 @@ class AsyncDraftClient:
         try:
             request = messages.draft_request(
                 context, DraftArgs(budget, max_depth, max_suffix, min_suffix), self.settings)
-            msg = await self._rpc("Draft", request, _or(timeout, self.settings.timeout))
+            seconds = call_timeout(timeout, self.settings.timeout)
+            msg = await self._rpc("Draft", request, seconds)
         except Exception as exc:  # noqa: BLE001 - decoding never fails because of the datastore
             self._guard.failed("Draft", exc)
             return DraftTree.empty(messages.SOURCE)
@@ -99,7 +100,7 @@ class AsyncDraftClient:
         contexts = list(contexts)
         if not contexts or budget == 0:
             return messages.empties(len(contexts))
-        deadline = time.monotonic() + _or(timeout, self.settings.timeout)
+        deadline = time.monotonic() + call_timeout(timeout, self.settings.timeout)
         out: list[DraftTree] = []
         for part in messages.chunks(contexts, self.settings.max_batch):
             out += await self._batch_part(part, (budget, max_depth, max_suffix, min_suffix),
@@ -136,7 +137,8 @@ class AsyncDraftClient:
             return 0
         try:
             request = messages.insert_request(sequences, self.settings)
-            msg = await self._rpc("Insert", request, _or(timeout, self.settings.admin_timeout))
+            seconds = call_timeout(timeout, self.settings.admin_timeout)
+            msg = await self._rpc("Insert", request, seconds)
         except Exception as exc:  # noqa: BLE001 - one clear error, or 0
             code, details = self._guard.failed("Insert", exc)
             if raise_on_error:

@@ -20,15 +20,12 @@ from typing import Sequence
 import grpc
 
 from client import messages
-from client.failures import CallGuard, DraftServiceError
+from client.failures import BAD_RESPONSE, CallGuard, DraftServiceError
 from client.messages import DatastoreInfo, DraftArgs
 from client.settings import ClientSettings, TlsConfig, channel_options
 from datastore.tree import DraftTree
 from protos.draftstore.v1 import draftstore_pb2 as pb
 from protos.draftstore.v1 import draftstore_pb2_grpc as pb_grpc
-
-BAD_RESPONSE = "BAD_RESPONSE"
-
 
 def make_settings(timeout: float, auth_token: str | None, tls: TlsConfig | None,
                   tokenizer_fingerprint: str | None, settings: ClientSettings | None,
@@ -40,7 +37,8 @@ def make_settings(timeout: float, auth_token: str | None, tls: TlsConfig | None,
                           tokenizer_fingerprint=tokenizer_fingerprint, **more)
 
 
-def _or(timeout: float | None, default: float) -> float:
+def call_timeout(timeout: float | None, default: float) -> float:
+    """A call's deadline in seconds: the caller's, else the settings' (never <= 0)."""
     return default if timeout is None else max(float(timeout), 1e-3)
 
 
@@ -95,7 +93,8 @@ class DraftClient:
     def info(self, timeout: float | None = None) -> DatastoreInfo:
         """Raises DraftServiceError (e.g. code UNAVAILABLE for an unreachable server)."""
         try:
-            msg = self._rpc("Info", pb.InfoRequest(), _or(timeout, self.settings.admin_timeout))
+            seconds = call_timeout(timeout, self.settings.admin_timeout)
+            msg = self._rpc("Info", pb.InfoRequest(), seconds)
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear error
             code, details = self._guard.failed("Info", exc)
             raise DraftServiceError(self.target, "Info", code, details) from exc
@@ -112,7 +111,7 @@ class DraftClient:
         try:
             request = messages.draft_request(
                 context, DraftArgs(budget, max_depth, max_suffix, min_suffix), self.settings)
-            msg = self._rpc("Draft", request, _or(timeout, self.settings.timeout))
+            msg = self._rpc("Draft", request, call_timeout(timeout, self.settings.timeout))
         except Exception as exc:  # noqa: BLE001 - decoding never fails because of the datastore
             self._guard.failed("Draft", exc)
             return DraftTree.empty(messages.SOURCE)
@@ -132,7 +131,7 @@ class DraftClient:
         contexts = list(contexts)
         if not contexts or budget == 0:
             return messages.empties(len(contexts))
-        deadline = time.monotonic() + (_or(timeout, self.settings.timeout))
+        deadline = time.monotonic() + call_timeout(timeout, self.settings.timeout)
         out: list[DraftTree] = []
         for part in messages.chunks(contexts, self.settings.max_batch):
             out += self._batch_part(part, (budget, max_depth, max_suffix, min_suffix), deadline)
@@ -170,7 +169,8 @@ class DraftClient:
             return 0
         try:
             request = messages.insert_request(sequences, self.settings)
-            msg = self._rpc("Insert", request, _or(timeout, self.settings.admin_timeout))
+            seconds = call_timeout(timeout, self.settings.admin_timeout)
+            msg = self._rpc("Insert", request, seconds)
         except Exception as exc:  # noqa: BLE001 - one clear error, or 0
             code, details = self._guard.failed("Insert", exc)
             if raise_on_error:

@@ -15,6 +15,7 @@ log = logging.getLogger("draftstore.client")
 DOWN_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
 CIRCUIT_OPEN = "CIRCUIT_OPEN"  # not a gRPC code: a call skipped while the breaker is open
 CLIENT_ERROR = "CLIENT_ERROR"  # the request could not be built (bad context, ...)
+BAD_RESPONSE = "BAD_RESPONSE"  # the server's answer is not a valid tree
 
 
 class DraftServiceError(Exception):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from client import messages
-from client.draft_client import DraftClient, _or
+from client.draft_client import DraftClient, call_timeout
 from client.failures import DraftServiceError
 from client.messages import DatastoreInfo
 from client.settings import ClientSettings, TlsConfig
@@ -138,7 +138,7 @@ class ShardedClient:
         b = self.settings.shard_budget(budget)
         trees = self._fan_out(lambda c, left: c.draft(context, b, max_depth, max_suffix,
                                                       min_suffix, timeout=left),
-                              _or(timeout, self.settings.client.timeout))
+                              call_timeout(timeout, self.settings.client.timeout))
         return merge_shards([t for t in trees if t is not None], budget, max_depth)
 
     def draft_batch(self, contexts: Sequence, budget: int = 64, max_depth: int = 16,
@@ -151,7 +151,7 @@ class ShardedClient:
         per_shard = self._fan_out(lambda c, left: c.draft_batch(contexts, b, max_depth,
                                                                 max_suffix, min_suffix,
                                                                 timeout=left),
-                                  _or(timeout, self.settings.client.timeout))
+                                  call_timeout(timeout, self.settings.client.timeout))
         per_shard = [trees for trees in per_shard if trees is not None]
         return [merge_shards([trees[i] for trees in per_shard], budget, max_depth)
                 for i in range(len(contexts))]

@@ -6,15 +6,17 @@ typed numpy arrays that may be zero-copy views of LMDB pages. Everything here is
 * `pattern_range` finds the suffix-array range of a token pattern by binary search, comparing the
   pattern with the first tokens of a suffix (pydivsufsort's `sa_search` only takes bytes).
 * `split_children` divides a range whose suffixes share a prefix of length k into its children: the
-  sub-ranges that share the token at offset k. Small ranges are gathered whole; large ones (a short
-  suffix can match millions of positions) are sampled at a stride, the distinct sampled tokens are
-  located by binary searches inside one stride, and tokens the samples may have missed are bounded
-  by the positions left unexplained. A child is dropped only when it provably ranks below `keep`
-  siblings, which best-first expansion never reaches with `keep` pops left.
+  sub-ranges that share the token at offset k. Small ranges are read whole; large ones (a short
+  suffix can match millions of positions) are sampled at a stride: every sampled token's count is
+  bracketed by its neighbouring samples, any unsampled token's count by the widest gap it could hide
+  in, and only tokens that can still make the cut get exact boundaries, by binary searches inside one
+  gap. Nothing is materialised beyond the samples.
 * `draft_from` finds the longest matching context suffix by bisection over its length (a suffix of
   length L matches wherever one of length L + 1 does) and expands the trie best-first with
   `datastore.tree.expand_best_first`, counting occurrences summed over all indexes, so a sharded
-  datastore drafts exactly what one unsharded datastore drafts.
+  datastore drafts exactly what one unsharded datastore drafts. It mirrors the counts waiting in
+  the expansion's heap: a child that ranks below `left` of them (left = pops still to come), or
+  below `left` of its siblings, can never be popped, so it is neither needed nor computed.
 
 The separator that ends every document is never a child and never part of a match: ids outside
 [0, separator) in a context act as barriers, since no document contains them.
@@ -23,8 +25,8 @@ from __future__ import annotations
 
 import itertools
 import operator
-from bisect import bisect_left, bisect_right
 import threading
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from typing import Iterable, Sequence
 
@@ -113,24 +115,8 @@ def pattern_range(index: SuffixIndex, pattern: Sequence[int], lo: int = 0,
     tok, sa = index._tok, index._sa
     pat = list(pattern)
     m = len(pat)
-    hi = index.n if hi is None else hi
-    if m and lo == 0 and hi == index.n:  # start inside the first token's bucket
-        first = pat[0]
-        if not 0 <= first < index.starts.shape[0] - 1:
-            return 0, 0
-        lo, hi = int(index.starts[first]), int(index.starts[first + 1])
-    a, b, top = lo, hi, hi
-    while a < b:  # lower bound; remember the first suffix seen above the pattern for the upper one
-        mid = (a + b) >> 1
-        s = sa[mid]
-        head = tok[s:s + m].tolist()
-        if head < pat:
-            a = mid + 1
-        else:
-            if head != pat:
-                top = mid
-            b = mid
-    start, b = a, top
+    start, b = _lower_bound(index, pat, lo, index.n if hi is None else hi)
+    a = start
     while a < b:
         mid = (a + b) >> 1
         s = sa[mid]
@@ -139,6 +125,39 @@ def pattern_range(index: SuffixIndex, pattern: Sequence[int], lo: int = 0,
         else:
             b = mid
     return start, a
+
+
+def occurs(index: SuffixIndex, pattern: list[int]) -> bool:
+    """Whether `pattern` (list of int) occurs: half the steps of pattern_range."""
+    start, top = _lower_bound(index, pattern, 0, index.n)
+    if start >= top:
+        return False
+    s = index._sa[start]
+    return index._tok[s:s + len(pattern)].tolist() == pattern
+
+
+def _lower_bound(index: SuffixIndex, pat: list[int], lo: int, hi: int) -> tuple[int, int]:
+    """(first suffix in [lo, hi) >= pat, first suffix seen above every pattern match) by binary
+    search; starts inside the first token's bucket when searching the whole array."""
+    tok, sa = index._tok, index._sa
+    m = len(pat)
+    if m and lo == 0 and hi == index.n:
+        first = pat[0]
+        if not 0 <= first < index.starts.shape[0] - 1:
+            return 0, 0
+        lo, hi = int(index.starts[first]), int(index.starts[first + 1])
+    a, b, top = lo, hi, hi
+    while a < b:
+        mid = (a + b) >> 1
+        s = sa[mid]
+        head = tok[s:s + m].tolist()
+        if head < pat:
+            a = mid + 1
+        else:
+            if head != pat:
+                top = mid  # the upper bound is at most here
+            b = mid
+    return a, top
 
 
 def count_in(indexes: Sequence[SuffixIndex], pattern: Sequence[int],
@@ -196,27 +215,53 @@ def _values(index: SuffixIndex, positions: np.ndarray, k: int) -> np.ndarray:
     return np.where(inside, vals, -1)
 
 
-def _bounds(index: SuffixIndex, k: int, lo: int, hi: int, sp: np.ndarray, sv: np.ndarray,
-            queries: np.ndarray, side: str) -> np.ndarray:
-    """[q] int64 first position p in [lo, hi] whose value at offset k is >= (left) / > (right)
-    each query; sp [m] are sampled positions in [lo, hi) with sorted values sv [m].
+def _boundaries(indexes, k: int, ranges: Ranges, live: list[int], samples: dict,
+                cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) [live, c] int64: the exact sub-range of each candidate token in each live
+    index, from samples {i: (sorted positions sp [m], their values sv [m])}.
 
-    The answer lies within one sampling stride, so the vectorised search takes log2(stride) steps.
+    Each boundary lies between two neighbouring samples, so the searches take log2(gap) steps; all
+    indexes and both sides advance together in one vectorised loop.
     """
-    m = sp.shape[0]
-    j = np.searchsorted(sv, queries, side=side)  # [q]
-    a = np.where(j > 0, sp[np.maximum(j - 1, 0)] + 1, lo)  # [q] int64
-    b = np.where(j < m, sp[np.minimum(j, m - 1)], hi)  # [q] int64
-    if queries.shape[0] <= SCALAR_QUERIES:
-        return np.array([_scalar_bound(index, k, x, y, t, side == "right")
-                         for x, y, t in zip(a.tolist(), b.tolist(), queries.tolist())], dtype=np.int64)
+    c = cand.shape[0]
+    wins_a, wins_b, dense = [], [], []
+    for i in live:
+        lo, hi = ranges[i]
+        sp, sv = samples[i]
+        m = sp.shape[0]
+        for side in ("left", "right"):
+            j = np.searchsorted(sv, cand, side)  # [c]
+            wins_a.append(np.where(j > 0, sp[np.maximum(j - 1, 0)] + 1, lo))
+            wins_b.append(np.where(j < m, sp[np.minimum(j, m - 1)], hi))
+        dense.append(m == hi - lo)
+    a, b = np.concatenate(wins_a), np.concatenate(wins_b)  # [live * 2 * c] int64
+    if not all(dense):  # with every position sampled the windows are already closed
+        a = _search(indexes, k, ranges, live, a, b, np.tile(cand, 2 * len(live)), c)
+    both = a.reshape(len(live), 2, c)
+    return both[:, 0], both[:, 1]
+
+
+def _search(indexes, k: int, ranges: Ranges, live: list[int], a: np.ndarray, b: np.ndarray,
+            q: np.ndarray, c: int) -> np.ndarray:
+    """Binary searches [live * 2 * c]: the first p in [a, b] whose value is >= q (left blocks of c)
+    or > q (right blocks of c)."""
+    if q.shape[0] <= SCALAR_QUERIES:
+        out = a.tolist()
+        for n, (x, y, t) in enumerate(zip(out, b.tolist(), q.tolist())):
+            i = live[n // (2 * c)]
+            out[n] = _scalar_bound(indexes[i], k, x, y, t, (n // c) % 2 == 1)
+        return np.asarray(out, dtype=np.int64)
+    strict = (np.arange(q.shape[0]) // c) % 2 == 1  # [n] right-side searches
+    v = np.empty_like(a)
     while True:
         open_ = a < b
         if not open_.any():
             return a
         mid = (a + b) >> 1
-        v = _values(index, np.minimum(mid, hi - 1), k)
-        ok = (v >= queries) if side == "left" else (v > queries)
+        for g, i in enumerate(live):
+            sl = slice(g * 2 * c, (g + 1) * 2 * c)
+            v[sl] = _values(indexes[i], np.minimum(mid[sl], ranges[i][1] - 1), k)
+        ok = (v > q) | ((v == q) & ~strict)
         b = np.where(open_ & ok, mid, b)
         a = np.where(open_ & ~ok, mid + 1, a)
 
@@ -295,14 +340,16 @@ def _small_children(indexes: Sequence[SuffixIndex], ranges: Ranges, live: list[i
 
 
 def split_children(indexes: Sequence[SuffixIndex], ranges: Ranges, k: int,
-                   separator: int | None = None, keep: int | None = None, floor: int = 0
-                   ) -> list[tuple[int, int, Handle]]:
+                   separator: int | None = None, keep: int | None = None, floor: int = 0,
+                   waiting: Sequence[int] = ()) -> list[tuple[int, int, Handle]]:
     """Children of the trie node whose suffixes are `ranges` (one (lo, hi) per index), all of which
     share their first k tokens: [(token, count summed over indexes, handle)], sorted by larger count
     then smaller token, the separator excluded; at most `keep` of them and only counts >= floor.
     handle = (k + 1, child ranges, count).
 
     Exact: a child is left out only when `keep` siblings outrank it or its count is below floor.
+    `waiting` (descending counts of the nodes already waiting to be expanded) may leave out more:
+    children that `keep` siblings and waiting nodes together outrank.
     """
     keep = 1 << 62 if keep is None else keep
     if keep <= 0:
@@ -317,9 +364,9 @@ def split_children(indexes: Sequence[SuffixIndex], ranges: Ranges, k: int,
         return []
     if small:
         return _small_children(indexes, ranges, live, k, separator, keep, floor)
-    stride = floor // (2 * len(live))  # gaps this short hide < floor / 2 occurrences in total
+    stride = floor // len(live)  # gaps shorter than this hide < floor occurrences in total
     if stride > 1 and width // stride + len(live) <= SPARSE_SAMPLES:
-        return _sparse_children(indexes, ranges, k, separator, keep, floor, live, stride)
+        return _sparse_children(indexes, ranges, k, separator, keep, floor, live, stride, waiting)
     if width <= DENSE_RANGE:
         return _large_children(indexes, ranges, k, separator, keep, floor)
     key = (tuple(ix.serial for ix in indexes), ranges, k, separator)  # frequent n-grams recur
@@ -331,12 +378,13 @@ def split_children(indexes: Sequence[SuffixIndex], ranges: Ranges, k: int,
 
 
 def _sparse_children(indexes, ranges: Ranges, k: int, sep: int | None, keep: int, floor: int,
-                     live: list[int], stride: int) -> list[tuple[int, int, Handle]]:
+                     live: list[int], stride: int, waiting: Sequence[int]
+                     ) -> list[tuple[int, int, Handle]]:
     """split_children when the floor is high: few samples, read and searched in plain Python.
 
-    With samples every `stride` <= floor / (2 * indexes) positions, a token no sample shows has
-    fewer than floor / 2 occurrences in total, so the sampled tokens are all the candidates; those
-    whose sample-gap upper bound reaches the floor get exact boundaries.
+    With samples every `stride` <= floor / indexes positions, a token no sample shows has fewer
+    than `stride` occurrences in each index, under the floor in total, so the sampled tokens are
+    all the candidates; those whose sample-gap upper bound reaches the floor get exact boundaries.
     """
     sampled = []  # (index, positions, values ascending)
     for i in live:
@@ -353,9 +401,10 @@ def _sparse_children(indexes, ranges: Ranges, k: int, sep: int | None, keep: int
         sampled.append((i, pos, vals))
     cands = sorted({t for _, _, vals in sampled for t in vals
                     if t >= 0 and (sep is None or t < sep)})
-    found = []
+    bracketed = []  # (token, windows, upper bound of its count)
+    lows = []  # lower bounds: the samples of a token span at least that many positions
     for t in cands:
-        windows, upper = [], 0
+        windows, upper, low = [], 0, 0
         for i, pos, vals in sampled:
             lo, hi = ranges[i]
             jl, jr = bisect_left(vals, t), bisect_right(vals, t)
@@ -365,7 +414,17 @@ def _sparse_children(indexes, ranges: Ranges, k: int, sep: int | None, keep: int
             d = pos[jr] if jr < len(pos) else hi
             windows.append((i, a, b, c, d))
             upper += d - a
-        if upper < floor:
+            low += pos[jr - 1] - pos[jl] + 1 if jr > jl else 0
+        if upper >= floor:
+            bracketed.append((t, windows, upper))
+            lows.append(low)
+    # Below the keep-th best of the waiting counts and the siblings' lower bounds, a child is
+    # outranked by `keep` nodes that will all be in the heap with it: it can never be popped.
+    rivals = sorted(list(waiting[:keep]) + lows, reverse=True)
+    cut = max(floor, rivals[keep - 1] if len(rivals) >= keep else 0)
+    found = []
+    for t, windows, upper in bracketed:
+        if upper < cut:
             continue
         count, child = 0, [(0, 0)] * len(ranges)
         for i, a, b, c, d in windows:
@@ -374,7 +433,7 @@ def _sparse_children(indexes, ranges: Ranges, k: int, sep: int | None, keep: int
             if end > start:
                 child[i] = (start, end)
                 count += end - start
-        if count >= floor:
+        if count >= cut:
             found.append((t, count, child))
     found.sort(key=lambda x: (-x[1], x[0]))
     return [(t, c, (k + 1, tuple(r), c)) for t, c, r in found[:keep]]
@@ -458,17 +517,7 @@ def _exact_children(indexes, ranges: Ranges, k: int, live: list[int], samples: d
     """Exact sub-ranges and counts of the candidate tokens [c]; the best `keep` as children."""
     if cand.shape[0] == 0:
         return []
-    los, his = [], []
-    for i in live:
-        lo, hi = ranges[i]
-        sp, sv = samples[i]
-        if sp.shape[0] == hi - lo:  # every position read: the bounds are the sample indices
-            los.append(lo + np.searchsorted(sv, cand, "left"))
-            his.append(lo + np.searchsorted(sv, cand, "right"))
-        else:
-            los.append(_bounds(indexes[i], k, lo, hi, sp, sv, cand, "left"))
-            his.append(_bounds(indexes[i], k, lo, hi, sp, sv, cand, "right"))
-    lo_arr, hi_arr = np.stack(los), np.stack(his)  # [live, c] int64
+    lo_arr, hi_arr = _boundaries(indexes, k, ranges, live, samples, cand)  # [live, c] int64
     counts = (hi_arr - lo_arr).sum(axis=0)  # [c] int64
     order = np.lexsort((cand, -counts))[:keep]
     order = order[counts[order] >= max(floor, 1)]
@@ -526,28 +575,19 @@ def longest_match(indexes: Sequence[SuffixIndex], tail: list[int], min_suffix: i
                   ) -> tuple[int, Ranges]:
     """(L, ranges of the last L tokens per index) for the longest L in [min_suffix, len(tail)]
     whose suffix occurs in any index; (0, ()) when none does. Bisection: matching is monotone."""
-    found: dict[int, list] = {}
-
-    def ranges_at(L: int, stop_at_first: bool) -> list:
-        got = found.setdefault(L, [None] * len(indexes))
-        pat = tail[len(tail) - L:]
-        for i, index in enumerate(indexes):
-            if got[i] is None:
-                got[i] = pattern_range(index, pat) if index.n else (0, 0)
-            if stop_at_first and got[i][1] > got[i][0]:
-                break
-        return got
-
+    live = [ix for ix in indexes if ix.n]
     best, a, b = 0, min_suffix, len(tail)
     while a <= b:
         mid = (a + b) >> 1
-        if any(r is not None and r[1] > r[0] for r in ranges_at(mid, True)):
+        pat = tail[len(tail) - mid:]
+        if any(occurs(ix, pat) for ix in live):
             best, a = mid, mid + 1
         else:
             b = mid - 1
     if best == 0:
         return 0, ()
-    return best, tuple(ranges_at(best, False))
+    pat = tail[len(tail) - best:]
+    return best, tuple(pattern_range(ix, pat) if ix.n else (0, 0) for ix in indexes)
 
 
 def _check_draft_args(budget: int, max_depth: int, max_suffix: int, min_suffix: int) -> None:
@@ -587,7 +627,7 @@ def draft_from(indexes: Sequence[SuffixIndex], context, budget: int = 64, max_de
         if k - L >= max_depth or left <= 0:  # depth k - L; see the max_depth + 1 below
             return ()
         # A child below the left-th best count waiting in the heap can never be popped.
-        kids = split_children(indexes, rng, k, sep, left, frontier.floor(left))
+        kids = split_children(indexes, rng, k, sep, left, frontier.floor(left), frontier.top)
         frontier.push(kids)
         return kids
 

@@ -94,9 +94,10 @@ class SpeculativeDecoder:
         from decoder.drafters.registry import make_drafters
         from decoder.models import load_model
 
-        settings = DecoderSettings(budget=budget, device=None if device is None else str(device),
-                                   dtype=dtype if dtype is None or isinstance(dtype, str) else str(dtype).split(".")[-1],
-                                   **settings_kw)
+        if dtype is not None and not isinstance(dtype, str):
+            dtype = str(dtype).removeprefix("torch.")  # torch.bfloat16 -> "bfloat16"
+        device = None if device is None else str(device)
+        settings = DecoderSettings(budget=budget, device=device, dtype=dtype, **settings_kw)
         model, tokenizer = load_model(spec, gguf_file=gguf_file, dtype=settings.dtype, device=device)
         names = [d for d in drafters if isinstance(d, str)]
         objects = [d for d in drafters if not isinstance(d, str)]
@@ -278,7 +279,7 @@ class SpeculativeDecoder:
             n = row.commit(tokens, self.tokenizer)
             row.stats.steps += 1
             row.stats.tree_tokens += int(inp.tokens.shape[0])
-            self._credit(row, p.merged, p.keep[path[: max(n - 1, 0)]] if n > 1 else p.keep[:0])
+            self._credit(row, p.merged, p.keep[path[:n]])  # path nodes that were committed
             self.calibration.update(p.merged, np.concatenate(([-1], p.keep[path])), tokens)
             n_tree = int(inp.tokens.shape[0])
             for i, start, m in p.spans:
@@ -347,12 +348,17 @@ class SpeculativeDecoder:
         return sum(int(getattr(d, "failures", 0) or 0) for d in self.drafters)
 
     def _references(self, references, n_rows: int) -> list[list[np.ndarray]]:
-        """-> per row, a list of [r] int64 reference token arrays."""
+        """-> per row, a list of [r] int64 reference token arrays.
+
+        references: a list of references (str or token id lists) shared by every row, or, for a
+        batch, one such list per row (a list of n_rows lists whose items are str or lists).
+        """
         if not references:
             return [[] for _ in range(n_rows)]
-        per_row = isinstance(references[0], (list, tuple)) and len(references) == n_rows and all(
-            isinstance(r, (list, tuple)) and (not r or not isinstance(r[0], (int, np.integer))) for r in references
-        )
+        per_row = len(references) == n_rows and all(
+            isinstance(r, (list, tuple)) and all(isinstance(x, (str, list, tuple, np.ndarray)) for x in r)
+            for r in references
+        ) and any(len(r) for r in references)
         lists = references if per_row else [references] * n_rows
         return [[self._encode_ref(r) for r in lst] for lst in lists]
 

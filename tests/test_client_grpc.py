@@ -8,6 +8,7 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import numpy as np
 import pytest
 import torch
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from client import AsyncDraftClient, DraftClient, DraftServiceError, TlsConfig
 from datastore.server import ServeSettings, serve
 from server_support import build_store, make_ca_and_cert, sample_contexts
+from client_support import flaky_server, slow_server
 
 SLACK_S = 0.25  # scheduling slack on this shared 2-core machine
 
@@ -134,18 +136,32 @@ def test_fingerprint_mismatch_is_failed_precondition(server, store, contexts):
         assert c.draft(contexts[0]).same_as(store.draft(contexts[0])) and c.failures == 0
 
 
-def test_deadline_is_kept_and_counted(server, store):
-    """A batch that takes the server ~1 s, asked with a 30 ms deadline."""
-    first = store.indexes[0].tokens[:256].astype(np.int64) % store.vocab_size
-    heavy = [[int(t)] for t in first]
-    with DraftClient(server.address, timeout=0.03) as c:
+def test_deadline_is_kept_and_counted():
+    """A server that answers after 1 s, asked with a 30 ms deadline."""
+    with slow_server() as address, DraftClient(address, timeout=0.03) as c:
         c.info()  # connect first: the deadline under test is the call's, not the handshake's
-        start = time.monotonic()
-        trees = c.draft_batch(heavy, budget=1024, max_depth=64, max_suffix=1)
-        took = time.monotonic() - start
-        assert took < 0.03 + SLACK_S, took
-        assert all(len(t) == 0 for t in trees) and len(trees) == 256
-        assert c.failures_by_code == {"DEADLINE_EXCEEDED": 1}
+        for call in (lambda: [c.draft([1, 2])], lambda: c.draft_batch([[1], [2], [3]])):
+            start = time.monotonic()
+            trees = call()
+            took = time.monotonic() - start
+            assert took < 0.03 + SLACK_S, took
+            assert trees and all(len(t) == 0 for t in trees)
+        assert c.failures_by_code == {"DEADLINE_EXCEEDED": 2}
+
+
+@pytest.mark.parametrize("code, fail, attempts, ok", [
+    (grpc.StatusCode.UNAVAILABLE, 2, 3, True),  # retried inside the deadline, then answered
+    (grpc.StatusCode.UNAVAILABLE, 5, 3, False),  # maxAttempts 3, then given up
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, 1, 1, False),  # a real answer: never retried
+    (grpc.StatusCode.INTERNAL, 1, 1, False),
+])
+def test_only_unavailable_is_retried(code, fail, attempts, ok):
+    with flaky_server(code, fail) as (address, service), \
+            DraftClient(address, timeout=2.0) as c:
+        tree = c.draft([1, 2])
+        assert service.attempts == attempts
+        assert (len(tree) == 1) == ok
+        assert c.failures_by_code == ({} if ok else {code.name: 1})
 
 
 def test_server_not_there_fails_fast_and_never_raises(free_port):
@@ -262,7 +278,8 @@ def test_dns_target_with_round_robin(server, store, contexts):
 # ------------------------------------------------------------------------- properties
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     context=st.lists(st.integers(0, 49_151), min_size=0, max_size=20),
     budget=st.integers(1, 80), max_depth=st.integers(1, 20),

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-import grpc
 import pytest
 
 from builder.tokenizer import tokenizer_info
@@ -15,9 +13,8 @@ from client import DraftClient, DraftServiceError, ShardedClient
 from client.sharded import shard_for
 from datastore.server import ServeSettings, serve
 from datastore.store import Datastore
-from protos.draftstore.v1 import draftstore_pb2 as pb
-from protos.draftstore.v1 import draftstore_pb2_grpc as pb_grpc
 from server_support import build_store, sample_contexts
+from client_support import slow_server
 
 MODULES = ("textwrap.py", "shlex.py", "fnmatch.py")  # small: shard trees can be complete
 SHARD_BUDGET = 1024  # the server's limit; a shard tree below it is complete
@@ -158,29 +155,10 @@ def test_round_robin_spreads_calls_over_replicas(stores, tmp_path):
             assert (min(got) > 0) == spread, (policy, got)
 
 
-class SlowShard(pb_grpc.DraftServiceServicer):
-    """A shard that answers only after SLOW_S: a test double for an overloaded server."""
-
-    def Draft(self, request, context):
-        time.sleep(SLOW_S)
-        return pb.DraftResponse()
-
-    def DraftBatch(self, request, context):
-        time.sleep(SLOW_S)
-        return pb.DraftBatchResponse(trees=[pb.DraftTree() for _ in request.requests])
-
-
-SLOW_S = 1.0
-
-
 @pytest.fixture
 def slow_shard():
-    server = grpc.server(ThreadPoolExecutor(4))
-    pb_grpc.add_DraftServiceServicer_to_server(SlowShard(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield f"127.0.0.1:{port}"
-    server.stop(0)
+    with slow_server() as address:
+        yield address
 
 
 def test_one_deadline_over_all_shards(servers, slow_shard, contexts):

@@ -30,9 +30,17 @@ def split_docs(docs, cuts):
     return groups
 
 
-def force_sampling():
-    """Every range goes through the sampled path with a stride > 1."""
-    return mock.patch.multiple(index_mod, SMALL_RANGE=0, DENSE_RANGE=0, SAMPLES=2)
+SAMPLING_MODES = [  # every range through the sampled paths, with strides > 1
+    dict(SMALL_RANGE=0, DENSE_RANGE=0, SAMPLES=2, SCALAR_QUERIES=0, SPARSE_SAMPLES=0),
+    dict(SMALL_RANGE=0, DENSE_RANGE=0, SAMPLES=3, SCALAR_QUERIES=1000, SPARSE_SAMPLES=0),
+    dict(SMALL_RANGE=0, DENSE_RANGE=0, SAMPLES=2, SCALAR_QUERIES=0, SPARSE_SAMPLES=1000),
+    dict(SMALL_RANGE=2, DENSE_RANGE=3, SAMPLES=1, SCALAR_QUERIES=4, SPARSE_SAMPLES=4),
+]
+
+
+def force_sampling(mode: int = 0):
+    index_mod._SPLITS.clear()
+    return mock.patch.multiple(index_mod, **SAMPLING_MODES[mode])
 
 
 @SETTINGS
@@ -83,10 +91,10 @@ def test_sharded_draft_equals_unsharded(docs, context, cuts, budget):
 
 @SETTINGS
 @given(docs=docs_st, context=context_st, cuts=st.lists(st.integers(0, 8), max_size=3),
-       budget=st.sampled_from([1, 4, 64]))
-def test_sampled_splitting_is_exact(docs, context, cuts, budget):
+       budget=st.sampled_from([1, 4, 64]), mode=st.integers(0, len(SAMPLING_MODES) - 1))
+def test_sampled_splitting_is_exact(docs, context, cuts, budget, mode):
     shards = [make_index(g, VOCAB) for g in split_docs(docs, cuts)]
-    with force_sampling():
+    with force_sampling(mode):
         got = draft_from(shards, context, budget, 5, 4)
     assert got.same_as(reference_draft(docs, context, budget, 5, 4))
 
@@ -189,3 +197,29 @@ def test_split_children_keeps_only_what_can_be_popped():
     assert [(t, c) for t, c, _ in everything] == [(1, 4), (5, 3), (2, 1), (3, 1), (4, 1), (6, 1), (7, 1), (8, 1)]
     assert [(t, c) for t, c, _ in split_children([ix], ranges, 1, 9, keep=3)] == [(1, 4), (5, 3), (2, 1)]
     assert split_children([ix], ranges, 1, 9, keep=0) == []
+
+
+def test_split_children_floor_and_cache():
+    """A floor drops exactly the children below it; cached large splits answer smaller keeps and
+    higher floors, and never another index's question."""
+    rng = np.random.default_rng(11)
+    docs = [np.where(rng.random(3000) < 0.4, 0, rng.integers(1, 40, 3000)) for _ in range(10)]
+    ix = make_index(docs, 40)
+    ranges = (pattern_range(ix, [0]),)
+    assert ranges[0][1] - ranges[0][0] > index_mod.DENSE_RANGE  # the cached, sampled path
+    index_mod._SPLITS.clear()
+    full = split_children([ix], ranges, 1, 40)
+    want = {}
+    for d in docs:
+        d = d.tolist()
+        for a, b in zip(d, d[1:]):
+            if a == 0:
+                want[b] = want.get(b, 0) + 1
+    assert {t: c for t, c, _ in full} == want
+    assert [c for _, c, _ in full] == sorted((c for _, c, _ in full), reverse=True)
+    floor = full[5][1]
+    for keep, fl in ((64, floor), (3, 0), (2, floor), (64, 0)):
+        expect = [x for x in full if x[1] >= fl][:keep]
+        assert split_children([ix], ranges, 1, 40, keep, fl) == expect  # cache hits and misses
+    other = make_index([d[::-1] for d in docs], 40)  # same shape, other contents
+    assert split_children([other], ranges, 1, 40)[:3] != full[:3]

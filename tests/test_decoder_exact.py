@@ -7,8 +7,10 @@ import torch
 
 from decoder import DecoderSettings, SpeculativeDecoder
 from decoder_util import (
-    OracleDrafter, SideDrafter, StubTokenizer, TopkDrafter, greedy, prompts, tiny_model,
+    OracleDrafter, SideDrafter, StubTokenizer, TopkDrafter, greedy, prompts, single_thread, tiny_model,  # noqa: F401
 )
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 N = 24
 ARCHS = [("llama", "eager"), ("llama", "sdpa"), ("qwen2", "eager"), ("qwen2", "sdpa")]
@@ -18,7 +20,7 @@ ARCHS = [("llama", "eager"), ("llama", "sdpa"), ("qwen2", "eager"), ("qwen2", "s
 def case(request):
     kind, attn = request.param
     model = tiny_model(kind, attn, seed=3)
-    ps = prompts(5, seed=7)
+    ps = prompts(3, seed=7)
     full = [greedy(model, p, N + 12) for p in ps]  # longer than the decode: drafts run past the end
     return model, ps, full
 

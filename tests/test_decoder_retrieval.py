@@ -108,3 +108,37 @@ def test_settings_validation():
         with pytest.raises(ValueError):
             DecoderSettings(**bad)
     assert DecoderSettings(budget=5, eos_token_ids=[3]).eos_token_ids == (3,)
+
+
+def test_grpc_server_killed_mid_generation(world, tmp_path):
+    """A real server on a loopback port, stopped after a few steps: same tokens, failures counted."""
+    from builder.writer import write_datastore
+    from client import DraftClient
+    from datastore.serve_settings import ServeSettings
+    from datastore.server import serve
+
+    model, ps, outs, _ = world
+    path = tmp_path / "served"  # its own copy: LMDB opens a path once per process
+    docs = [np.asarray(p + o, dtype=np.int64) for p, o in zip(ps, outs)]
+    write_datastore(path, docs, tokenizer_info(StubTokenizer(), "stub"))
+    server = serve(path, ServeSettings(live=False))
+    try:
+        client = DraftClient(server.address, timeout=2.0)
+        (drafter,) = make_drafters(["retrieval"], datastore=client, tokenizer=StubTokenizer())
+        calls = {"n": 0}
+        propose = drafter.propose
+
+        def killing_propose(row, context, budget, max_depth):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                server.stop(0)
+            return propose(row, context, budget, max_depth)
+
+        drafter.propose = killing_propose
+        dec = SpeculativeDecoder(model, StubTokenizer(), [drafter], DecoderSettings(budget=4))
+        g = dec.generate(ps[0], max_new_tokens=N)
+    finally:
+        server.stop(0)
+    assert g.token_ids == outs[0][:N]
+    assert g.stats.accepted_by_source.get("retrieval", 0) >= 4  # the two steps before the kill drafted
+    assert g.stats.datastore_failures > 0 and g.stats.steps > 3

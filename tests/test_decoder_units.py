@@ -10,7 +10,7 @@ from datastore.tree import DraftTree
 from decoder import kv
 from decoder.attention import RowInput, ancestor_matrix, build_inputs, prefill_inputs
 from decoder.calibration import Calibration
-from decoder.cost import CostModel
+from decoder.cost import CostModel, monotone
 from decoder.tree import merge_trees, raw_probabilities, select_top, subtree
 from decoder.verify import greedy_accept, warp
 from decoder_util import tiny_model
@@ -193,6 +193,7 @@ def test_cost_model_choose_brute_force():
     assert cm.choose(np.ones(100)) == 100
     with pytest.raises(ValueError):
         CostModel({})
+    assert monotone({1: 1.0, 2: 9.0, 4: 2.0, 8: 3.0, 16: 2.5}) == {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.5, 16: 2.5}
 
 
 def test_calibration_learns_acceptance():

@@ -130,7 +130,7 @@ def test_smollm2_all_sources_equal_greedy():
         "import os\nimport sys\n\n\ndef main():\n    for path in sys.argv[1:]:\n",
     ]
     ps = [tok(t)["input_ids"] for t in texts]
-    n = 48
+    n = 32
     full = []
     for p in ps:
         x = torch.tensor([p])

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from cli_fixtures import PROMPTS, STORED_NEW_TOKENS, UNSEEN_PROMPT, greedy_ids, make_setup

@@ -9,6 +9,8 @@ counted here too.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from datastore.tree import DraftTree
@@ -49,7 +51,14 @@ class RetrievalDrafter(Drafter):
         self.remote = _is_remote(source)
         self._own_failures = 0
         if tokenizer_fingerprint is not None:
-            theirs = source_fingerprint(source)
+            try:
+                theirs = source_fingerprint(source)
+            except Exception as exc:  # noqa: BLE001 - a remote source that is down right now
+                if not self.remote:
+                    raise
+                warnings.warn(f"cannot check the datastore's tokenizer ({exc}); drafting unchecked "
+                              "until it answers (the client passes the fingerprint with each call)")
+                return
             if theirs is None:
                 raise TokenizerMismatchError(f"the datastore {source!r} reports no tokenizer fingerprint")
             if theirs != tokenizer_fingerprint:
