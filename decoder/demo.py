@@ -6,13 +6,12 @@ from the datastore — and prints, per prompt and overall, tokens per step, the 
 measured in this run, and whether the outputs are token-for-token identical. Exit status 1 if any
 output differs, 2 for bad input.
 
-    python -m decoder.demo [--prompts 5] [--max-new-tokens 128] [--drafters retrieval] [--dtype float32]
+    python -m decoder.demo [--prompts 5] [--max-new-tokens 128] [--drafters retrieval,reference,ngram,recycle] [--dtype float32]
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import sysconfig
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -31,7 +30,7 @@ class DemoSettings:
     datastore: Path = DEFAULT_STORE
     model: str = "smollm2"
     dtype: str = "float32"
-    drafters: tuple[str, ...] = ("retrieval",)
+    drafters: tuple[str, ...] = ("retrieval", "reference", "ngram", "recycle")
     budget: int | str = "auto"
     workers: int = 2
 
@@ -53,17 +52,14 @@ def ensure_stdlib_datastore(out: Path, tokenizer: str = "smollm2", workers: int 
     if (out / "data.mdb").is_file():
         print(f"datastore: {out} (cached)", file=sys.stderr)
         return out
-    from builder import BuildSettings, build
+    from builder import build
+    from builder.corpora import stdlib_dir, stdlib_settings
 
-    stdlib = sysconfig.get_paths()["stdlib"]
-    print(f"building the datastore {out} from {stdlib}/**/*.py (once) ...", file=sys.stderr)
+    print(f"building the datastore {out} from {stdlib_dir()}/**/*.py (once) ...", file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    # pyenv/system layouts keep site-packages inside the stdlib folder: the stdlib alone is wanted.
-    meta = build(BuildSettings(
-        corpus=(stdlib,), format="files", glob="*.py", exclude=("site-packages",), out=str(out),
-        tokenizer=tokenizer, workers=workers, progress=True,
-    ))
+    # The same corpus as benchmarks/bench_build.py (tests and site-packages left out, ~3.4M tokens).
+    meta = build(stdlib_settings(str(out), tokenizer=tokenizer, workers=workers, progress=True))
     tokens = sum(s["tokens"] for s in meta["shards"])
     print(f"built {tokens:,} tokens in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return out
@@ -131,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datastore", default=str(DEFAULT_STORE),
                    help="datastore directory; built from the stdlib if absent (default data/stdlib-smollm2)")
     p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
-    p.add_argument("--drafters", default="retrieval",
+    p.add_argument("--drafters", default="retrieval,reference,ngram,recycle",
                    help="comma-separated draft sources (retrieval,reference,ngram,lookahead,recycle)")
     p.add_argument("--budget", default="auto", help="'auto' (cost model) or a fixed number of tree tokens")
     p.add_argument("--workers", type=int, default=2, help="tokenizer processes for the first build")
