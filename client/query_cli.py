@@ -15,11 +15,11 @@ import json
 import logging
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from datastore.tree import DraftTree
+from protos.channel import read_token_file
 
 EXIT_BAD_INPUT = 2
 
@@ -105,12 +105,9 @@ def parse_tokens(text: str) -> np.ndarray:
 
 def read_token(path: str) -> str:
     try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise CliError(f"--auth-token-file {path}: {exc.strerror or exc}") from exc
-    if not token:
-        raise CliError(f"--auth-token-file {path}: the file is empty")
-    return token
+        return read_token_file(path)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
 
 
 class LocalSource:

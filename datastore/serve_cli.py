@@ -26,6 +26,8 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+from protos.channel import read_token_file
+
 log = logging.getLogger("draftstore.serve")
 EXIT_BAD_INPUT = 2
 
@@ -95,12 +97,9 @@ def settings_from_args(args: argparse.Namespace):
 
 def _read_token(path: str) -> str:
     try:
-        token = Path(path).read_text().strip()
-    except OSError as exc:
-        raise CliError(f"--auth-token-file {path}: {exc.strerror or exc}") from exc
-    if not token:
-        raise CliError(f"--auth-token-file {path}: the file is empty")
-    return token
+        return read_token_file(path)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
 
 
 # ------------------------------------------------------------------------------ port ownership

@@ -16,6 +16,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
+from protos.channel import read_token_file
+
 DRAFTER_NAMES = ("retrieval", "reference", "ngram", "lookahead", "recycle")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
@@ -135,10 +137,10 @@ class GenerateSettings(ModelSettings):
     def auth_token(self) -> str | None:
         if self.auth_token_file is None:
             return None
-        token = _read_text(self.auth_token_file, "--auth-token-file").strip()
-        if not token:
-            raise UsageError(f"--auth-token-file {self.auth_token_file}: the file is empty")
-        return token
+        try:
+            return read_token_file(self.auth_token_file)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
 
 
 def settings_from_args(cls, args: argparse.Namespace):

@@ -42,3 +42,17 @@ def server_options(reuseport: bool = False) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 1 if reuseport else 0),
     ]
+
+
+def read_token_file(path: str) -> str:
+    """The bearer token in `path` (surrounding whitespace dropped), for server and clients alike.
+    Raises ValueError naming the flag and the file when it cannot be read or is empty."""
+    from pathlib import Path
+
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"--auth-token-file {path}: {exc.strerror or exc}") from exc
+    if not token:
+        raise ValueError(f"--auth-token-file {path}: the file is empty")
+    return token
