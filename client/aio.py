@@ -15,13 +15,12 @@ from typing import Sequence
 import grpc
 
 from client import messages
-from client.draft_client import call_timeout, make_settings
-from client.failures import BAD_RESPONSE, CallGuard, DraftServiceError
+from client.draft_client import ClientBase, call_timeout
+from client.failures import BAD_RESPONSE, DraftServiceError
 from client.messages import DatastoreInfo, DraftArgs
-from client.settings import ClientSettings, TlsConfig, channel_options
+from client.settings import ClientSettings, channel_options
 from datastore.tree import DraftTree
 from protos.draftstore.v1 import draftstore_pb2 as pb
-from protos.draftstore.v1 import draftstore_pb2_grpc as pb_grpc
 
 
 def open_aio_channel(target: str, s: ClientSettings) -> grpc.aio.Channel:
@@ -31,34 +30,8 @@ def open_aio_channel(target: str, s: ClientSettings) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(target, s.tls.credentials(), options=opts)
 
 
-class AsyncDraftClient:
-    def __init__(self, target: str, timeout: float = 0.05, auth_token: str | None = None,
-                 tls: TlsConfig | None = None, tokenizer_fingerprint: str | None = None, *,
-                 settings: ClientSettings | None = None, **more) -> None:
-        self.target = target
-        self.settings = make_settings(timeout, auth_token, tls, tokenizer_fingerprint,
-                                      settings, **more)
-        s = self.settings
-        self._guard = CallGuard(target, s.breaker_failures, s.breaker_cooldown_s)
-        self._metadata = s.metadata()
-        self._channel = open_aio_channel(target, s)
-        self._stub = pb_grpc.DraftServiceStub(self._channel)
-
-    @property
-    def failures(self) -> int:
-        return self._guard.stats.failures
-
-    @property
-    def failures_by_code(self) -> dict[str, int]:
-        return self._guard.stats.snapshot()
-
-    @property
-    def calls(self) -> int:
-        return self._guard.stats.calls
-
-    @property
-    def last_error(self) -> str:
-        return self._guard.stats.last_error
+class AsyncDraftClient(ClientBase):
+    open_channel = staticmethod(open_aio_channel)
 
     async def _rpc(self, method: str, request, timeout: float):
         return await getattr(self._stub, method)(request, timeout=timeout,

@@ -49,12 +49,11 @@ def open_channel(target: str, s: ClientSettings) -> grpc.Channel:
     return grpc.secure_channel(target, s.tls.credentials(), options=opts)
 
 
-class DraftClient:
-    """One server (or one DNS name of replicas with load_balancing="round_robin").
+class ClientBase:
+    """Construction and failure counters shared by `DraftClient` and `AsyncDraftClient`;
+    `open_channel` is the one thing that differs (grpc vs grpc.aio)."""
 
-    Extra keywords (retry_attempts, breaker_cooldown_s, load_balancing, tier, ...) are fields
-    of `ClientSettings`; or pass `settings=ClientSettings(...)` whole.
-    """
+    open_channel = staticmethod(open_channel)
 
     def __init__(self, target: str, timeout: float = 0.05, auth_token: str | None = None,
                  tls: TlsConfig | None = None, tokenizer_fingerprint: str | None = None, *,
@@ -65,10 +64,9 @@ class DraftClient:
         s = self.settings
         self._guard = CallGuard(target, s.breaker_failures, s.breaker_cooldown_s)
         self._metadata = s.metadata()
-        self._channel = open_channel(target, s)
+        self._channel = self.open_channel(target, s)
         self._stub = pb_grpc.DraftServiceStub(self._channel)
 
-    # ------------------------------------------------------------------ counters
     @property
     def failures(self) -> int:
         return self._guard.stats.failures
@@ -85,7 +83,14 @@ class DraftClient:
     def last_error(self) -> str:
         return self._guard.stats.last_error
 
-    # ------------------------------------------------------------------ calls
+
+class DraftClient(ClientBase):
+    """One server (or one DNS name of replicas with load_balancing="round_robin").
+
+    Extra keywords (retry_attempts, breaker_cooldown_s, load_balancing, tier, ...) are fields
+    of `ClientSettings`; or pass `settings=ClientSettings(...)` whole.
+    """
+
     def _rpc(self, method: str, request, timeout: float):
         return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata,
                                            wait_for_ready=False)
