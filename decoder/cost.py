@@ -82,8 +82,15 @@ class CostModel:
 
     def choose(self, path_p_sorted: np.ndarray, extra: int = 0, max_nodes: int | None = None) -> int:
         """Number of tree nodes to keep. path_p_sorted: [n] descending; extra: side tokens."""
+        return self.best(path_p_sorted, extra, max_nodes)[0]
+
+    def best(self, path_p_sorted: np.ndarray, extra: int = 0, max_nodes: int | None = None,
+             bonus: float = 0.0) -> tuple[int, float]:
+        """-> (nodes to keep, expected tokens per second). bonus: tokens the `extra` side tokens
+        are expected to bring beyond the tree (lookahead's harvest), added to every choice."""
         limit = path_p_sorted.shape[0] if max_nodes is None else min(max_nodes, path_p_sorted.shape[0])
-        gain = 1.0 + np.concatenate(([0.0], np.cumsum(path_p_sorted[:limit])))  # [limit + 1]
+        gain = 1.0 + bonus + np.concatenate(([0.0], np.cumsum(path_p_sorted[:limit])))  # [limit + 1]
         n = np.arange(limit + 1)
         rate = gain / self.latency(1 + n + extra)
-        return int(np.argmax(rate))  # first maximum: the smaller tree on ties
+        best = int(np.argmax(rate))  # first maximum: the smaller tree on ties
+        return best, float(rate[best])

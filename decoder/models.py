@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from decoder.cpu_linear import pack_linears
 from builder.tokenizer import (
     TokenizerSpecError, cache_dir, gguf_cache_key, load_tokenizer, publish_dir, resolve_spec,
 )
@@ -41,8 +42,11 @@ def _save_dequantised(model, folder) -> None:
     save_model(model, str(folder / "model.safetensors"))  # handles the tied embedding
 
 
-def load_model(spec: str = "smollm2", gguf_file: str | None = None, dtype=None, device=None):
-    """-> (model in eval mode on `device`, tokenizer)."""
+def load_model(spec: str = "smollm2", gguf_file: str | None = None, dtype=None, device=None, pack: bool = True):
+    """-> (model in eval mode on `device`, tokenizer).
+
+    pack: float32 linears on the CPU get their weights pre-packed for oneDNN (decoder.cpu_linear).
+    """
     from transformers import AutoModelForCausalLM
 
     folder, gguf = resolve_spec(spec, gguf_file)
@@ -64,4 +68,7 @@ def load_model(spec: str = "smollm2", gguf_file: str | None = None, dtype=None, 
         )
     except OSError as exc:
         raise TokenizerSpecError(f"cannot load a model from {spec!r}: {exc}") from exc
-    return model.to(device).eval(), tokenizer
+    model = model.to(device).eval()
+    if pack:
+        pack_linears(model)
+    return model, tokenizer

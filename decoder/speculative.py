@@ -26,6 +26,9 @@ from decoder.stats import DecoderSettings, Generation, GenerationStats
 from decoder.tree import MergedTree, merge_trees, select_top, sorted_path_probs, subtree
 from decoder.verify import greedy_accept, sample_accept
 
+SIDE_EXPLORE = 8  # a side branch skipped this many steps in a row rides in the next forward
+SIDE_GAIN_RATE = 0.1  # EMA rate of the side branch's yield (~10 steps of memory)
+
 __all__ = ["SpeculativeDecoder", "DecoderSettings", "Generation", "GenerationStats"]
 
 
@@ -84,6 +87,11 @@ class SpeculativeDecoder:
         self.eos = eos_ids(model, self.settings)
         self.cost: CostModel | None = None
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        # bit s set: drafter s rides a side branch (lookahead); its harvest's recent yield
+        self._side_bits = sum(1 << s for s, d in enumerate(self.drafters)
+                              if type(d).side_branch is not Drafter.side_branch)
+        self._side_gain = 1.0  # tokens a step, optimistic so the window gets tried first
+        self._steps_without_side = 0
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -98,7 +106,8 @@ class SpeculativeDecoder:
             dtype = str(dtype).removeprefix("torch.")  # torch.bfloat16 -> "bfloat16"
         device = None if device is None else str(device)
         settings = DecoderSettings(budget=budget, device=device, dtype=dtype, **settings_kw)
-        model, tokenizer = load_model(spec, gguf_file=gguf_file, dtype=settings.dtype, device=device)
+        model, tokenizer = load_model(spec, gguf_file=gguf_file, dtype=settings.dtype, device=device,
+                                      pack=settings.packed_linears)
         names = [d for d in drafters if isinstance(d, str)]
         objects = [d for d in drafters if not isinstance(d, str)]
         made = make_drafters(names, datastore=datastore, address=address, tokenizer=tokenizer) if names else []
@@ -252,20 +261,40 @@ class SpeculativeDecoder:
             ]
             side, spans = merge_side([d.side_branch(row.index) for d in self.drafters])
             t1 = time.perf_counter()
-            merged = merge_trees(trees, self.calibration.factors(), max_depth=max(depth, 0))
-            n_side = 0 if side is None else int(side.tokens.shape[0])
-            keep = select_top(merged, self._budget(merged, n_side))
+            merged = merge_trees(trees, self.calibration.factors(), max_depth=max(depth, 0),
+                                 smoothing=self.settings.count_smoothing)
+            n, with_side = self._budget(merged, 0 if side is None else int(side.tokens.shape[0]))
+            if not with_side:
+                side, spans = None, []
+            keep = select_top(merged, n)
             plans.append(_Plan(row, merged, keep, side, spans))
             row.stats.budgets.append(int(keep.shape[0]))
+            row.stats.side_tokens.append(0 if side is None else int(side.tokens.shape[0]))
             row.stats.draft_seconds += t1 - t0
             row.stats.bookkeeping_seconds += time.perf_counter() - t1
         return plans
 
-    def _budget(self, merged: MergedTree, n_side: int) -> int:
+    def _budget(self, merged: MergedTree, n_side: int) -> tuple[int, bool]:
+        """-> (tree nodes to keep, whether the side branch rides along).
+
+        The side branch (a lookahead window) costs its tokens in every forward it rides in and
+        pays back later through the n-grams it harvests: it goes when the cost model, crediting
+        it with the tokens its harvest recently brought per step, expects more tokens per second
+        with it than without, and at least every SIDE_EXPLORE steps so that estimate stays fresh.
+        """
         limit = self.settings.max_tree
         if self.settings.budget != "auto":
-            return min(int(self.settings.budget), limit)
-        return self.cost.choose(sorted_path_probs(merged, limit), extra=n_side, max_nodes=limit)
+            return min(int(self.settings.budget), limit), True
+        p = sorted_path_probs(merged, limit)
+        n0, rate0 = self.cost.best(p, 0, limit)
+        if n_side == 0:
+            return n0, False
+        n1, rate1 = self.cost.best(p, n_side, limit, bonus=self._side_gain)
+        if rate1 > rate0 or self._steps_without_side >= SIDE_EXPLORE:
+            self._steps_without_side = 0
+            return n1, True
+        self._steps_without_side += 1
+        return n0, False
 
     def _accept(self, plans, logits, argmax, temperature, top_p, gen) -> list[np.ndarray]:
         """Verify each row, commit its tokens, run the per-row hooks; -> new slots to keep per row."""
@@ -292,6 +321,10 @@ class SpeculativeDecoder:
 
     def _credit(self, row: Row, merged: MergedTree, nodes: np.ndarray) -> None:
         bits = merged.sources[nodes]  # [k]
+        if self._side_bits:
+            side, other = (bits & self._side_bits) != 0, (bits & ~self._side_bits) != 0  # [k]
+            only_side = int((side & ~other).sum())
+            self._side_gain += SIDE_GAIN_RATE * (only_side - self._side_gain)
         for s, d in enumerate(self.drafters):
             hits = int(((bits >> s) & 1).sum())
             if hits:

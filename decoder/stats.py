@@ -15,6 +15,8 @@ class DecoderSettings:
     eos_token_ids: tuple[int, ...] | None = None  # None: every eos id of the model's generation config
     device: str | None = None  # from_pretrained only; an explicit model keeps its own
     dtype: str | None = None  # from_pretrained only: float32 | bfloat16 | float16
+    packed_linears: bool = True  # from_pretrained only: CPU float32 weights packed for oneDNN
+    count_smoothing: float = 1.0  # p = count / (parent count + this): thin evidence is discounted
     calibrate: bool = True
     calibration_prior: float = 4.0
     calibration_decay: float = 0.995
@@ -36,6 +38,8 @@ class DecoderSettings:
             object.__setattr__(self, "eos_token_ids", ids)
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if not self.count_smoothing >= 0:
+            raise ValueError(f"count_smoothing must be >= 0, got {self.count_smoothing!r}")
         self.calibration()  # validates the calibration fields
 
     def calibration(self) -> CalibrationSettings:
@@ -58,6 +62,7 @@ class GenerationStats:
     datastore_failures: int = 0
     budgets: list[int] = field(default_factory=list)  # tree nodes kept, per step
     tree_tokens: int = 0  # tree nodes verified in total
+    side_tokens: list[int] = field(default_factory=list)  # side-branch (lookahead) tokens, per step
     latency_curve: dict[int, float] | None = None  # cost model {q new tokens: seconds}
     stop_reason: str = ""  # "eos" | "stop" | "length"
 

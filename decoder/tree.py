@@ -41,8 +41,11 @@ class MergedTree:
         return cls(z, z, z, z, np.zeros((0, n_sources)), f, f)
 
 
-def raw_probabilities(tree: DraftTree) -> np.ndarray:
-    """[n] float64: count / max(parent count, sum of sibling counts), in [0, 1]."""
+def raw_probabilities(tree: DraftTree, smoothing: float = 0.0) -> np.ndarray:
+    """[n] float64: count / (max(parent count, sum of sibling counts) + smoothing), in [0, 1].
+
+    smoothing > 0 discounts thin evidence: a continuation seen once of once is no certainty.
+    """
     n = len(tree)
     counts = np.maximum(tree.counts, 0).astype(np.float64)  # [n]
     slot = tree.parents.astype(np.int64) + 1  # [n] 0 = root
@@ -51,17 +54,19 @@ def raw_probabilities(tree: DraftTree) -> np.ndarray:
     parent_count = np.concatenate(([0.0], counts))[slot]  # roots: only the sibling sum
     denom = np.maximum(parent_count, sibling_sum[slot])
     with np.errstate(divide="ignore", invalid="ignore"):
-        p = np.where(denom > 0, counts / np.where(denom > 0, denom, 1.0), 0.0)
+        p = np.where(denom > 0, counts / np.where(denom > 0, denom + smoothing, 1.0), 0.0)
     return np.clip(p, 0.0, 1.0)
 
 
 def merge_trees(
-    trees: Sequence[DraftTree], factors: np.ndarray | None = None, max_depth: int = 1 << 30
+    trees: Sequence[DraftTree], factors: np.ndarray | None = None, max_depth: int = 1 << 30,
+    smoothing: float = 0.0,
 ) -> MergedTree:
     """Merge trees[s] (s = source index) into one trie.
 
     factors: [S, D] calibration multipliers per source and depth (column d-1 for depth d; depths
-    beyond D use the last column); None = 1. Nodes deeper than max_depth are dropped.
+    beyond D use the last column); None = 1. Nodes deeper than max_depth are dropped. smoothing:
+    see raw_probabilities.
     """
     n_src = len(trees)
     assert n_src <= MAX_SOURCES, f"at most {MAX_SOURCES} drafters"
@@ -75,7 +80,7 @@ def merge_trees(
     )  # [N] global parent index, -1 = root
     src = np.concatenate([np.full(len(t), s, dtype=np.int64) for s, t in parts])  # [N]
     depth = np.concatenate([t.depths().astype(np.int64) for _, t in parts])  # [N]
-    raw = np.concatenate([raw_probabilities(t) for _, t in parts])  # [N]
+    raw = np.concatenate([raw_probabilities(t, smoothing) for _, t in parts])  # [N]
 
     merged_id = np.full(tok.shape[0], -1, dtype=np.int64)  # [N] node -> merged index
     out_tok, out_par, out_depth = [], [], []

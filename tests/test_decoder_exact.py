@@ -126,3 +126,22 @@ def test_side_branch_unchanged_and_correct(case):
     # top-k: the first row of each step is the last committed token, its top-1 is the next token
     tokens, top = topk.seen[0]
     assert tokens[0] == p[-1] and top[0, 0] == full[1][0]
+
+
+def test_unprofitable_side_branch_rides_only_to_explore(case):
+    """budget=auto: a side branch whose harvest never pays is left out of the forward but for
+    one step in every SIDE_EXPLORE + 1; outputs stay exact and side results match what rode."""
+    from decoder.cost import CostModel
+    from decoder.speculative import SIDE_EXPLORE
+
+    model, ps, full = case
+    side = SideDrafter(m=6)
+    oracle = OracleDrafter({0: ps[0] + full[0]}, "bushy")
+    dec = SpeculativeDecoder(model, StubTokenizer(), [oracle, side], DecoderSettings(budget="auto"))
+    dec.cost = CostModel({1: 1.0, 2: 1.5, 4: 2.5, 8: 4.5, 16: 8.5})  # every extra token dear
+    g = dec.generate(ps[0], max_new_tokens=N)
+    assert g.token_ids == full[0][:N]
+    rode = [m for m in g.stats.side_tokens if m]
+    assert len(g.stats.side_tokens) == g.stats.steps
+    assert len(side.results) == len(rode) and set(rode) == {6}
+    assert g.stats.steps // (SIDE_EXPLORE + 1) <= len(rode) < g.stats.steps

@@ -85,6 +85,16 @@ def test_raw_probabilities_normalised():
     t = DraftTree(np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 0]), np.array([10, 30, 4, 5]))
     p = raw_probabilities(t)
     assert p.tolist() == pytest.approx([0.25, 0.75, 0.4, 0.5])
+    assert raw_probabilities(t, smoothing=2.0).tolist() == pytest.approx([10 / 42, 30 / 42, 4 / 12, 5 / 12])
+
+
+def test_smoothing_discounts_thin_evidence():
+    """A chain seen once gets p = 1/(1+s) per node; a chain seen 1000 times stays near 1."""
+    once = DraftTree(np.array([5, 6, 7]), np.array([-1, 0, 1]), np.array([1, 1, 1]))
+    often = DraftTree(np.array([5, 6, 7]), np.array([-1, 0, 1]), np.array([1000, 1000, 1000]))
+    assert merge_trees([once], smoothing=1.0).path_p.tolist() == pytest.approx([0.5, 0.25, 0.125])
+    assert merge_trees([often], smoothing=1.0).path_p.min() > 0.99
+    assert merge_trees([once]).path_p.tolist() == [1.0, 1.0, 1.0]
 
 
 @settings(max_examples=40, deadline=None)
@@ -191,6 +201,11 @@ def test_cost_model_choose_brute_force():
         assert cm.choose(p, extra) == best
     assert cm.choose(np.zeros(10)) == 0
     assert cm.choose(np.ones(100)) == 100
+    p = np.full(8, 0.5)
+    for bonus in (0.0, 0.7, 3.0):
+        n, rate = cm.best(p, 6, bonus=bonus)
+        rates = [(1 + bonus + p[:k].sum()) / cm.latency(1 + k + 6) for k in range(9)]
+        assert n == int(np.argmax(rates)) and rate == pytest.approx(max(rates))
     with pytest.raises(ValueError):
         CostModel({})
     assert monotone({1: 1.0, 2: 9.0, 4: 2.0, 8: 3.0, 16: 2.5}) == {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.5, 16: 2.5}
