@@ -4,10 +4,12 @@ Contexts: HumanEval prompts + canonical solutions, tokenized with the datastore'
 cut at random points (the context is everything before the cut). Each call drafts with budget 64
 (max_depth 16, max_suffix 16). Reports p50/p99/mean latency (wall and thread CPU), a second pass
 over the same contexts (split cache warm), mean tree size and match_len, and as a same-run
-baseline the same calls with every suffix-array range gathered whole (no sampling of large
-ranges), so the ratio survives a noisy machine.
+baseline the previous implementation (pure Python/numpy splitting, datastore/index.py at git
+revision --baseline-rev, read with `git show`), timed interleaved with the current one on the
+same contexts over the same shard arrays, so the ratio survives a noisy machine; its trees must be
+identical.
 
-    python benchmarks/bench_draft.py --datastore benchmarks/work/code
+    python -m benchmarks.bench_draft --datastore benchmarks/work/code
 Writes benchmarks/results/draft.json and draft.md.
 """
 from __future__ import annotations
@@ -16,12 +18,12 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
-from contextlib import contextmanager
+import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 from tqdm import tqdm
@@ -35,6 +37,8 @@ from datastore import Datastore, DatastoreError  # noqa: E402
 
 DEFAULT_STORES = ("benchmarks/work/code", "benchmarks/work/stdlib")
 TARGETS_MS = {"p50": 0.5, "p99": 3.0}
+# The last revision whose datastore/index.py split ranges in Python/numpy (before datastore/_kernel.c).
+PREVIOUS_REV = "53629cb"
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class BenchSettings:
     max_depth: int = 16
     max_suffix: int = 16
     baseline_contexts: int = 300
+    baseline_rev: str = PREVIOUS_REV
     seed: int = 0
     out: str = "benchmarks/results/draft"
 
@@ -68,38 +73,80 @@ def humaneval_contexts(tokenizer, n: int, seed: int) -> list[np.ndarray]:
     return out
 
 
-@contextmanager
-def dense_splitting():
-    """The baseline: every range gathered whole, however large."""
-    with mock.patch.multiple(index_mod, SMALL_RANGE=0, DENSE_RANGE=1 << 62, SPARSE_SAMPLES=0):
-        yield
+def previous_index(rev: str) -> types.ModuleType:
+    """datastore/index.py as of git revision `rev`, as a module of its own (read-only `git show`)."""
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:datastore/index.py"],
+                         capture_output=True, text=True, check=True).stdout
+    mod = types.ModuleType(f"datastore_index_{rev}")
+    exec(compile(src, f"{rev}:datastore/index.py", "exec"), mod.__dict__)
+    return mod
 
 
-def time_drafts(store: Datastore, contexts, s: BenchSettings, desc: str) -> dict:
-    lat = np.empty(len(contexts), dtype=np.float64)  # [contexts] wall seconds
-    cpu = np.empty(len(contexts), dtype=np.float64)  # [contexts] this thread's CPU seconds
-    sizes = np.empty(len(contexts), dtype=np.int64)
-    match = np.empty(len(contexts), dtype=np.int64)
-    for i, ctx in enumerate(tqdm(contexts, desc=desc, file=sys.stderr, leave=False)):
-        t0, c0 = time.perf_counter(), time.thread_time()
-        tree = store.draft(ctx, budget=s.budget, max_depth=s.max_depth, max_suffix=s.max_suffix)
-        lat[i], cpu[i] = time.perf_counter() - t0, time.thread_time() - c0
-        sizes[i], match[i] = len(tree), tree.match_len
-    ms, cpu_ms = lat * 1e3, cpu * 1e3
+def summary(ms: np.ndarray, cpu_ms: np.ndarray) -> dict:
+    """ms, cpu_ms: [calls] float64 wall and thread-CPU milliseconds."""
     return {
-        "calls": len(contexts),
+        "calls": int(ms.shape[0]),
         "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)),
         "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max()),
         "mean_ms": float(ms.mean()),
         # CPU time leaves out waiting for a core (the machine is shared): the code's own cost
         "cpu_p50_ms": float(np.percentile(cpu_ms, 50)), "cpu_p99_ms": float(np.percentile(cpu_ms, 99)),
         "cpu_mean_ms": float(cpu_ms.mean()),
-        "mean_tree_size": float(sizes.mean()), "mean_match_len": float(match.mean()),
-        "empty_fraction": float((sizes == 0).mean()),
     }
 
 
+def timed(draft, ctx) -> tuple[float, float, object]:
+    """(wall ms, thread-CPU ms, tree) of one call."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    tree = draft(ctx)
+    return (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3, tree
+
+
+def time_drafts(store: Datastore, contexts, s: BenchSettings, desc: str) -> dict:
+    ms = np.empty(len(contexts), dtype=np.float64)  # [contexts] wall milliseconds
+    cpu = np.empty(len(contexts), dtype=np.float64)  # [contexts] this thread's CPU milliseconds
+    sizes = np.empty(len(contexts), dtype=np.int64)
+    match = np.empty(len(contexts), dtype=np.int64)
+    draft = lambda ctx: store.draft(ctx, budget=s.budget, max_depth=s.max_depth,  # noqa: E731
+                                    max_suffix=s.max_suffix)
+    for i, ctx in enumerate(tqdm(contexts, desc=desc, file=sys.stderr, leave=False)):
+        ms[i], cpu[i], tree = timed(draft, ctx)
+        sizes[i], match[i] = len(tree), tree.match_len
+    return {**summary(ms, cpu), "mean_tree_size": float(sizes.mean()),
+            "mean_match_len": float(match.mean()), "empty_fraction": float((sizes == 0).mean())}
+
+
+def versus_previous(store: Datastore, contexts, s: BenchSettings) -> dict:
+    """The current and the previous implementation on the same contexts, interleaved call by call
+    (alternating which goes first), both split caches cleared first; their trees must be equal."""
+    prev = previous_index(s.baseline_rev)
+    old = [prev.SuffixIndex(ix.tokens, ix.sa, ix.separator) for ix in store.indexes]  # same arrays
+    args = dict(budget=s.budget, max_depth=s.max_depth, max_suffix=s.max_suffix)
+    impls = {
+        "current": lambda ctx: store.draft(ctx, **args),
+        "previous": lambda ctx: prev.draft_from(old, ctx, separator=store.separator, **args),
+    }
+    index_mod._SPLITS.clear()
+    prev._SPLITS.clear()
+    n = len(contexts)
+    ms = {k: np.empty(n, dtype=np.float64) for k in impls}  # [contexts] wall milliseconds
+    cpu = {k: np.empty(n, dtype=np.float64) for k in impls}  # [contexts] thread-CPU milliseconds
+    identical = 0
+    for i, ctx in enumerate(tqdm(contexts, desc="current vs previous", file=sys.stderr, leave=False)):
+        trees = {}
+        for name in (("current", "previous") if i % 2 == 0 else ("previous", "current")):
+            ms[name][i], cpu[name][i], trees[name] = timed(impls[name], ctx)
+        identical += trees["current"].same_as(trees["previous"])
+    out = {name: summary(ms[name], cpu[name]) for name in impls}
+    return {"subset": n, "rev": s.baseline_rev, **out, "identical_trees": identical,
+            "mean_speedup": out["previous"]["mean_ms"] / out["current"]["mean_ms"],
+            "p50_speedup": out["previous"]["p50_ms"] / out["current"]["p50_ms"],
+            "p99_speedup": out["previous"]["p99_ms"] / out["current"]["p99_ms"],
+            "cpu_p99_speedup": out["previous"]["cpu_p99_ms"] / out["current"]["cpu_p99_ms"]}
+
+
 def run(s: BenchSettings) -> dict:
+    load_before = [round(x, 1) for x in os.getloadavg()]
     t0 = time.perf_counter()
     store = Datastore.open(s.datastore)
     open_s = time.perf_counter() - t0
@@ -115,14 +162,7 @@ def run(s: BenchSettings) -> dict:
     # as they do in a long-running server.
     warm = time_drafts(store, contexts, s, "draft (second pass)")
     base = contexts[: s.baseline_contexts]
-    baseline = None
-    if base:
-        fast = time_drafts(store, base, s, "draft (same subset)")
-        with dense_splitting():
-            slow = time_drafts(store, base, s, "baseline: dense")
-        baseline = {"subset": len(base), "sampled": fast, "dense": slow,
-                    "mean_speedup": slow["mean_ms"] / fast["mean_ms"],
-                    "p99_speedup": slow["p99_ms"] / fast["p99_ms"]}
+    baseline = versus_previous(store, base, s) if base else None
     report = {
         "settings": asdict(s),
         "datastore": {"path": s.datastore, "tokens": store.tokens, "documents": store.documents,
@@ -134,11 +174,21 @@ def run(s: BenchSettings) -> dict:
         "meets_targets": result["p50_ms"] <= TARGETS_MS["p50"] and result["p99_ms"] <= TARGETS_MS["p99"],
         "baseline": baseline,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "loadavg": [round(x, 1) for x in os.getloadavg()],
-                    "cpu": platform.processor() or platform.machine()},
+                    "loadavg_before": load_before, "loadavg": [round(x, 1) for x in os.getloadavg()],
+                    "cpu": cpu_model(), "kernel": "datastore/_kernel.c (compiled)"},
     }
     store.close()
     return report
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def markdown(r: dict) -> str:
@@ -167,24 +217,29 @@ def markdown(r: dict) -> str:
         "",
         f"Targets (first pass, wall): p50 <= {r['targets_ms']['p50']} ms, p99 <= "
         f"{r['targets_ms']['p99']} ms: {'met' if r['meets_targets'] else 'NOT met'}. "
-        f"Load average while running: {r['machine']['loadavg']} on {r['machine']['cpus']} cores "
-        "(the thread-CPU rows leave out time spent waiting for a core).",
+        f"Machine: {r['machine']['cpus']} cores ({r['machine']['cpu']}), shared: load average "
+        f"{r['machine']['loadavg_before']} before and {r['machine']['loadavg']} after the run (1, 5, "
+        "15 min); the thread-CPU rows leave out time spent waiting for a core.",
     ]
     b = r["baseline"]
     if b:
+        cur, prev = b["current"], b["previous"]
         lines += [
             "",
-            f"Same-run baseline on the first {b['subset']} contexts, every range gathered whole "
-            "instead of sampling large ones:",
+            f"Same-run baseline on the first {b['subset']} contexts: the previous implementation "
+            f"(Python/numpy splitting, `datastore/index.py` at {b['rev']}), interleaved call by call "
+            "with the current one over the same shard arrays, both split caches cleared first:",
             "",
-            "| variant | p50 ms | p99 ms | mean ms |",
-            "|---|---|---|---|",
-            f"| sampled (default) | {b['sampled']['p50_ms']:.3f} | {b['sampled']['p99_ms']:.3f} | "
-            f"{b['sampled']['mean_ms']:.3f} |",
-            f"| dense baseline | {b['dense']['p50_ms']:.3f} | {b['dense']['p99_ms']:.3f} | "
-            f"{b['dense']['mean_ms']:.3f} |",
+            "| implementation | p50 ms | p99 ms | mean ms | CPU p50 ms | CPU p99 ms |",
+            "|---|---|---|---|---|---|",
+            f"| current (C kernel) | {cur['p50_ms']:.3f} | {cur['p99_ms']:.3f} | {cur['mean_ms']:.3f} | "
+            f"{cur['cpu_p50_ms']:.3f} | {cur['cpu_p99_ms']:.3f} |",
+            f"| previous | {prev['p50_ms']:.3f} | {prev['p99_ms']:.3f} | {prev['mean_ms']:.3f} | "
+            f"{prev['cpu_p50_ms']:.3f} | {prev['cpu_p99_ms']:.3f} |",
             "",
-            f"Speed-up of sampling: mean {b['mean_speedup']:.2f}x, p99 {b['p99_speedup']:.2f}x.",
+            f"Speed-up: p50 {b['p50_speedup']:.2f}x, p99 {b['p99_speedup']:.2f}x (CPU p99 "
+            f"{b['cpu_p99_speedup']:.2f}x), mean {b['mean_speedup']:.2f}x. Identical trees: "
+            f"{b['identical_trees']}/{b['subset']}.",
         ]
     return "\n".join(lines) + "\n"
 
@@ -196,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contexts", type=int, default=1000, help="timed draft calls (default 1000)")
     p.add_argument("--budget", type=int, default=64)
     p.add_argument("--baseline-contexts", type=int, default=300,
-                   help="contexts also timed with the dense baseline (0: skip)")
+                   help="contexts also timed against the previous implementation (0: skip)")
+    p.add_argument("--baseline-rev", default=PREVIOUS_REV,
+                   help=f"git revision of the previous datastore/index.py (default {PREVIOUS_REV})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results/draft", help="writes OUT.json and OUT.md")
     args = p.parse_args(argv)
@@ -207,9 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         s = BenchSettings(datastore=store, contexts=args.contexts, budget=args.budget,
-                          baseline_contexts=args.baseline_contexts, seed=args.seed, out=args.out)
+                          baseline_contexts=args.baseline_contexts, baseline_rev=args.baseline_rev,
+                          seed=args.seed, out=args.out)
         report = run(s)
-    except (ValueError, DatastoreError) as exc:
+    except (ValueError, DatastoreError, subprocess.CalledProcessError) as exc:
         print(f"bench_draft: error: {exc}", file=sys.stderr)
         return 2
     out = Path(s.out)

@@ -30,11 +30,12 @@ def split_docs(docs, cuts):
     return groups
 
 
-SAMPLING_MODES = [  # every range through the sampled paths, with strides > 1
-    dict(SMALL_RANGE=0, DENSE_RANGE=0, SAMPLES=2, SCALAR_QUERIES=0, SPARSE_SAMPLES=0),
-    dict(SMALL_RANGE=0, DENSE_RANGE=0, SAMPLES=3, SCALAR_QUERIES=1000, SPARSE_SAMPLES=0),
-    dict(SMALL_RANGE=0, DENSE_RANGE=0, SAMPLES=2, SCALAR_QUERIES=0, SPARSE_SAMPLES=1000),
-    dict(SMALL_RANGE=2, DENSE_RANGE=3, SAMPLES=1, SCALAR_QUERIES=4, SPARSE_SAMPLES=4),
+SAMPLING_MODES = [  # every range sampled with strides > 1, hunted sparsely to densely, cached
+    dict(SAMPLES=1, DENSITY=1, CACHE_RANGE=0),
+    dict(SAMPLES=2, DENSITY=3, CACHE_RANGE=1 << 62),
+    dict(SAMPLES=3, DENSITY=1, CACHE_RANGE=1),
+    dict(SAMPLES=2, DENSITY=64, CACHE_RANGE=0),
+    dict(SAMPLES=1 << 40, DENSITY=1, CACHE_RANGE=0),  # every range read whole
 ]
 
 
@@ -121,7 +122,7 @@ def test_large_ranges_are_sampled_and_exact():
     rng = np.random.default_rng(3)
     docs = [np.where(rng.random(5000) < 0.5, 0, rng.integers(1, 300, 5000)) for _ in range(40)]
     ix = make_index(docs, 300)
-    assert pattern_range(ix, [0])[1] - pattern_range(ix, [0])[0] > index_mod.DENSE_RANGE
+    assert pattern_range(ix, [0])[1] - pattern_range(ix, [0])[0] > 100 * index_mod.SAMPLES
     for context in ([7, 0], [5, 9, 0], [299]):
         got = draft_from([ix], context, budget=64, max_depth=3, max_suffix=3)
         assert got.same_as(reference_draft(docs, context, 64, 3, 3))
@@ -206,7 +207,7 @@ def test_split_children_floor_and_cache():
     docs = [np.where(rng.random(3000) < 0.4, 0, rng.integers(1, 40, 3000)) for _ in range(10)]
     ix = make_index(docs, 40)
     ranges = (pattern_range(ix, [0]),)
-    assert ranges[0][1] - ranges[0][0] > index_mod.DENSE_RANGE  # the cached, sampled path
+    assert ranges[0][1] - ranges[0][0] > index_mod.CACHE_RANGE  # the cached, sampled path
     index_mod._SPLITS.clear()
     full = split_children([ix], ranges, 1, 40)
     want = {}
@@ -223,3 +224,111 @@ def test_split_children_floor_and_cache():
         assert split_children([ix], ranges, 1, 40, keep, fl) == expect  # cache hits and misses
     other = make_index([d[::-1] for d in docs], 40)  # same shape, other contents
     assert split_children([other], ranges, 1, 40)[:3] != full[:3]
+
+
+def brute_children(docs, prefix: list[int], vocab: int) -> list[tuple[int, int]]:
+    """[(token, count of prefix + [token])], larger count first, then smaller token."""
+    found = [(t, count(docs, prefix + [t])) for t in range(vocab)]
+    return sorted(((t, c) for t, c in found if c), key=lambda x: (-x[1], x[0]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(docs=docs_st, prefix=st.lists(st.integers(0, VOCAB - 1), min_size=0, max_size=3),
+       cuts=st.lists(st.integers(0, 8), max_size=3), keep=st.integers(1, 7), floor=st.integers(0, 12),
+       waiting=st.lists(st.integers(1, 40), max_size=8), samples=st.integers(1, 5),
+       density=st.integers(1, 4))
+def test_kernel_split_is_the_exact_best_children(docs, prefix, cuts, keep, floor, waiting, samples,
+                                                 density):
+    """_kernel.split against brute force, every sampling density: the children are exactly the
+    best `keep` of those counting >= the returned cut, with their exact sub-ranges; and a child
+    left out below the cut is below floor or outranked by keep siblings and waiting nodes."""
+    shards = [make_index(g, VOCAB) for g in split_docs(docs, cuts)]
+    ranges = tuple(pattern_range(ix, prefix) if ix.n else (0, 0) for ix in shards)
+    waiting = sorted(waiting, reverse=True)
+    kids, cut = index_mod._kernel.split(tuple(ix.kernel for ix in shards), ranges, len(prefix), VOCAB,
+                                        keep, floor, waiting, samples, density)
+    full = brute_children(docs, prefix, VOCAB)
+    assert [(t, c) for t, c, _ in kids] == [x for x in full if x[1] >= cut][:keep]
+    rivals = sorted([c for _, c in full] + waiting[:keep], reverse=True)
+    bar = max(floor, 1, rivals[keep - 1] if len(rivals) >= keep else 0)  # the best possible cut
+    assert max(floor, 1) <= cut <= bar
+    assert {t for t, c in full[:keep] if c >= bar} <= {t for t, _, _ in kids}
+    for t, c, (k, child, c2) in kids:
+        assert k == len(prefix) + 1 and c2 == c
+        for ix, (lo, hi) in zip(shards, child):
+            want = pattern_range(ix, prefix + [t]) if ix.n else (0, 0)
+            assert hi - lo == want[1] - want[0] and (lo == hi or (lo, hi) == want)
+
+
+@settings(max_examples=80, deadline=None)
+@given(docs=docs_st, pattern=pattern_st, a=st.integers(0, 400), b=st.integers(0, 400))
+def test_pattern_range_inside_a_window(docs, pattern, a, b):
+    """pattern_range(lo, hi) finds exactly the matching suffixes inside the window."""
+    ix = make_index(docs, VOCAB)
+    lo, hi = sorted((min(a, ix.n), min(b, ix.n)))
+    got = pattern_range(ix, pattern, lo, hi)
+    tokens = ix.tokens.astype(np.int64)
+    inside = [i for i in range(lo, hi)
+              if tuple(tokens[ix.sa[i]:ix.sa[i] + len(pattern)]) == tuple(pattern)]
+    assert got[1] - got[0] == len(inside)
+    if inside:
+        assert got == (inside[0], inside[-1] + 1)
+
+
+def test_kernel_rejects_bad_arguments():
+    ix = make_index([[0, 1, 2]], 3)
+    with pytest.raises(TypeError):
+        index_mod._kernel.Shard(ix.tokens.astype(np.int8), ix.sa, ix.starts)
+    with pytest.raises(ValueError):
+        index_mod._kernel.Shard(ix.tokens, ix.sa[:-1], ix.starts)
+    with pytest.raises(ValueError):
+        index_mod._kernel.split((ix.kernel,), ((0, ix.n + 1),), 0, 3, 4, 0, [], 8, 2)
+    with pytest.raises(ValueError):
+        index_mod._kernel.split((ix.kernel,), (), 0, 3, 4, 0, [], 8, 2)
+    with pytest.raises(TypeError):
+        index_mod._kernel.split(("not a shard",), ((0, 1),), 0, 3, 4, 0, [], 8, 2)
+    with pytest.raises(ValueError):
+        pattern_range(ix, [0], 2, 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(docs=docs_st, prefix=st.lists(st.integers(0, VOCAB - 1), min_size=0, max_size=2),
+       cuts=st.lists(st.integers(0, 8), max_size=2),
+       calls=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 10),
+                                st.lists(st.integers(1, 30), max_size=6)), min_size=1, max_size=6))
+def test_split_cache_answers_only_what_it_can(docs, prefix, cuts, calls):
+    """Calls on one cached node with any keep, floor and waiting nodes, in any order: each answer
+    is a prefix of the exact best `keep` (floor applied) holding every child that can be popped."""
+    shards = [make_index(g, VOCAB) for g in split_docs(docs, cuts)]
+    ranges = tuple(pattern_range(ix, prefix) if ix.n else (0, 0) for ix in shards)
+    full = brute_children(docs, prefix, VOCAB)
+    with force_sampling(0):  # CACHE_RANGE=0: every split goes through the cache
+        for keep, floor, waiting in calls:
+            waiting = sorted(waiting, reverse=True)
+            got = [(t, c) for t, c, _ in split_children(shards, ranges, len(prefix), VOCAB, keep,
+                                                         floor, waiting)]
+            best = [x for x in full if x[1] >= max(floor, 1)][:keep]
+            rivals = sorted([c for _, c in full] + waiting[:keep], reverse=True)
+            bar = rivals[keep - 1] if len(rivals) >= keep else 0
+            assert got == best[:len(got)]
+            assert {t for t, c in best if c >= bar} <= {t for t, _ in got}
+
+
+def test_kernel_split_seeded_sweep():
+    """Many small random nodes (2-5 token vocabularies: ties, and bounds that land exactly on the
+    cut) through every sampling density, against brute force; hypothesis alone rarely builds the
+    cases where a token's upper bound equals the cut."""
+    rng = np.random.default_rng(20)
+    for _ in range(500):
+        vocab = int(rng.integers(2, 6))
+        docs = [rng.integers(0, vocab, rng.integers(1, 80)) for _ in range(rng.integers(1, 8))]
+        shards = [make_index(g, vocab) for g in split_docs(docs, rng.integers(0, 8, rng.integers(0, 3)))]
+        prefix = rng.integers(0, vocab, rng.integers(0, 3)).tolist()
+        ranges = tuple(pattern_range(ix, prefix) if ix.n else (0, 0) for ix in shards)
+        keep, floor = int(rng.integers(1, 6)), int(rng.integers(0, 6))
+        waiting = sorted(rng.integers(1, 20, rng.integers(0, 4)).tolist(), reverse=True)
+        kids, cut = index_mod._kernel.split(tuple(ix.kernel for ix in shards), ranges, len(prefix),
+                                            vocab, keep, floor, waiting, int(rng.integers(1, 4)),
+                                            int(rng.integers(1, 3)))
+        full = brute_children(docs, prefix, vocab)
+        assert [(t, c) for t, c, _ in kids] == [x for x in full if x[1] >= cut][:keep]
