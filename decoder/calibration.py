@@ -3,8 +3,10 @@
 A node is *tested* when its parent is a node the model actually went through this step (the
 root or an accepted node): the model's next token there (argmax or sample) is known, so the node
 was right iff its token equals it, whether or not the node was kept in the forward. For every
-source s and depth d we keep decayed sums of the raw estimate and of the outcome; the factor is
-(hits + prior) / (estimate + prior), so it starts at 1 and moves toward observed / predicted.
+source s, depth d and evidence bin e (log2 of the count the estimate rests on, see
+decoder.tree.evidence_bins) we keep decayed sums of the raw estimate and of the outcome; the factor
+is (hits + prior * pooled) / (estimate + prior), where pooled is the same ratio over all evidence
+bins of (s, d) with 1 in place of pooled: it starts at 1 and moves toward observed / predicted.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decoder.tree import MergedTree
+from decoder.tree import EVIDENCE_BINS, MergedTree
 
 
 @dataclass(frozen=True)
@@ -37,16 +39,21 @@ class CalibrationSettings:
 class Calibration:
     def __init__(self, n_sources: int, settings: CalibrationSettings | None = None):
         self.settings = settings or CalibrationSettings()
-        shape = (max(n_sources, 1), self.settings.depths)
-        self.predicted = np.zeros(shape, dtype=np.float64)  # [S, D] decayed sum of raw p
-        self.hits = np.zeros(shape, dtype=np.float64)  # [S, D] decayed sum of outcomes
+        shape = (max(n_sources, 1), self.settings.depths, EVIDENCE_BINS)
+        self.predicted = np.zeros(shape, dtype=np.float64)  # [S, D, E] decayed sum of raw p
+        self.hits = np.zeros(shape, dtype=np.float64)  # [S, D, E] decayed sum of outcomes
 
     def factors(self) -> np.ndarray | None:
-        """[S, D] multipliers for decoder.tree.merge_trees (None when disabled)."""
+        """[S, D, E] multipliers for decoder.tree.merge_trees (None when disabled).
+
+        Shrunk hierarchically: a (source, depth) factor pooled over evidence bins starts at 1, and
+        each bin starts at its pooled factor, so a bin seen rarely borrows from its neighbours.
+        """
         if not self.settings.enabled:
             return None
         prior = self.settings.prior
-        f = (self.hits + prior) / (self.predicted + prior)
+        pooled = (self.hits.sum(axis=2) + prior) / (self.predicted.sum(axis=2) + prior)  # [S, D]
+        f = (self.hits + prior * pooled[:, :, None]) / (self.predicted + prior)
         return np.clip(f, 0.0, self.settings.max_factor)
 
     def update(self, tree: MergedTree, visited: np.ndarray, next_tokens: np.ndarray) -> None:
@@ -68,5 +75,6 @@ class Calibration:
         self.predicted *= self.settings.decay
         self.hits *= self.settings.decay
         s_idx, n_idx = np.nonzero(present.T)  # every (source, tested node) pair
-        np.add.at(self.predicted, (s_idx, col[n_idx]), raw[n_idx, s_idx])
-        np.add.at(self.hits, (s_idx, col[n_idx]), hit[n_idx])
+        cell = (s_idx, col[n_idx], tree.bins[tested][n_idx, s_idx])
+        np.add.at(self.predicted, cell, raw[n_idx, s_idx])
+        np.add.at(self.hits, cell, hit[n_idx])

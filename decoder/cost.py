@@ -4,7 +4,9 @@
 tokens) over a ~300-token cache for q = 1, 2, 4 ... 128 (median of a few) on this model, device
 and dtype. A step with the n most probable nodes kept is expected to commit 1 + sum of their path
 probabilities (sorted descending) tokens; `CostModel.choose` picks the n maximising that per
-second. SmolLM2 on 2 CPU cores: fp32 q=16 costs 2x q=1, bf16 1.2x (DESIGN.md).
+second. SmolLM2 on 2 CPU cores: fp32 q=16 costs 2x q=1, bf16 1.2x on DESIGN.md's AMX CPU; on this
+project's AMD EPYC (AVX2, no AVX512-BF16) fp32 with packed linears q=2 1.1x, q=16 1.8x, while bf16
+q=16 costs 8x (no bf16 matrix kernel: its cost grows with every row).
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import numpy as np
 from datastore.tree import DraftTree
 
 MAX_SOURCES = 62  # source bitmasks live in int64
+EVIDENCE_BINS = 8  # evidence of an estimate: bin floor(log2(parent count)), 0..7 (>= 128 shares 7)
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,6 +29,7 @@ class MergedTree:
     depths: np.ndarray  # [n] int64 >= 1
     sources: np.ndarray  # [n] int64 bitmask: bit s = drafter s proposed this path
     raw_p: np.ndarray  # [n, S] float64 per-source conditional probability before calibration (0 = absent)
+    bins: np.ndarray  # [n, S] int64 per-source evidence bin of raw_p (see evidence_bins)
     cond_p: np.ndarray  # [n] float64 calibrated, combined conditional probability
     path_p: np.ndarray  # [n] float64 product of cond_p along the path
 
@@ -38,7 +40,18 @@ class MergedTree:
     def empty(cls, n_sources: int = 1) -> "MergedTree":
         z = np.zeros(0, dtype=np.int64)
         f = np.zeros(0, dtype=np.float64)
-        return cls(z, z, z, z, np.zeros((0, n_sources)), f, f)
+        return cls(z, z, z, z, np.zeros((0, n_sources)), np.zeros((0, n_sources), dtype=np.int64), f, f)
+
+
+def _denominators(tree: DraftTree) -> tuple[np.ndarray, np.ndarray]:
+    """-> (counts [n] float64, max(parent count, sum of sibling counts) [n] float64)."""
+    n = len(tree)
+    counts = np.maximum(tree.counts, 0).astype(np.float64)  # [n]
+    slot = tree.parents.astype(np.int64) + 1  # [n] 0 = root
+    sibling_sum = np.zeros(n + 1, dtype=np.float64)
+    np.add.at(sibling_sum, slot, counts)
+    parent_count = np.concatenate(([0.0], counts))[slot]  # roots: only the sibling sum
+    return counts, np.maximum(parent_count, sibling_sum[slot])
 
 
 def raw_probabilities(tree: DraftTree, smoothing: float = 0.0) -> np.ndarray:
@@ -46,16 +59,21 @@ def raw_probabilities(tree: DraftTree, smoothing: float = 0.0) -> np.ndarray:
 
     smoothing > 0 discounts thin evidence: a continuation seen once of once is no certainty.
     """
-    n = len(tree)
-    counts = np.maximum(tree.counts, 0).astype(np.float64)  # [n]
-    slot = tree.parents.astype(np.int64) + 1  # [n] 0 = root
-    sibling_sum = np.zeros(n + 1, dtype=np.float64)
-    np.add.at(sibling_sum, slot, counts)
-    parent_count = np.concatenate(([0.0], counts))[slot]  # roots: only the sibling sum
-    denom = np.maximum(parent_count, sibling_sum[slot])
+    counts, denom = _denominators(tree)
     with np.errstate(divide="ignore", invalid="ignore"):
         p = np.where(denom > 0, counts / np.where(denom > 0, denom + smoothing, 1.0), 0.0)
     return np.clip(p, 0.0, 1.0)
+
+
+def evidence_bins(tree: DraftTree) -> np.ndarray:
+    """[n] int64 floor(log2(parent count)) clipped to 0..EVIDENCE_BINS-1.
+
+    How far to trust count / parent count depends on how many occurrences it rests on: on
+    HumanEval with the 107M-token code store the top first draft token was right 7% of the time
+    when its suffix occurred once, 42% at 5-16 occurrences and 67% beyond 100.
+    """
+    _, denom = _denominators(tree)
+    return np.clip(np.floor(np.log2(np.maximum(denom, 1.0))), 0, EVIDENCE_BINS - 1).astype(np.int64)
 
 
 def merge_trees(
@@ -64,8 +82,8 @@ def merge_trees(
 ) -> MergedTree:
     """Merge trees[s] (s = source index) into one trie.
 
-    factors: [S, D] calibration multipliers per source and depth (column d-1 for depth d; depths
-    beyond D use the last column); None = 1. Nodes deeper than max_depth are dropped. smoothing:
+    factors: [S, D, E] calibration multipliers per source, depth (column d-1 for depth d; depths
+    beyond D use the last column) and evidence bin; None = 1. Nodes deeper than max_depth are dropped. smoothing:
     see raw_probabilities.
     """
     n_src = len(trees)
@@ -81,6 +99,7 @@ def merge_trees(
     src = np.concatenate([np.full(len(t), s, dtype=np.int64) for s, t in parts])  # [N]
     depth = np.concatenate([t.depths().astype(np.int64) for _, t in parts])  # [N]
     raw = np.concatenate([raw_probabilities(t, smoothing) for _, t in parts])  # [N]
+    ev = np.concatenate([evidence_bins(t) for _, t in parts])  # [N]
 
     merged_id = np.full(tok.shape[0], -1, dtype=np.int64)  # [N] node -> merged index
     out_tok, out_par, out_depth = [], [], []
@@ -104,16 +123,23 @@ def merge_trees(
     np.bitwise_or.at(sources, merged_id[keep], np.left_shift(1, src[keep]))
     raw_p = np.zeros((n_merged, max(n_src, 1)), dtype=np.float64)
     np.maximum.at(raw_p, (merged_id[keep], src[keep]), raw[keep])
-    cond_p = combine(raw_p, depths, factors)
-    return MergedTree(tokens, parents, depths, sources, raw_p, cond_p, path_products(cond_p, parents, depths))
+    bins = np.zeros(raw_p.shape, dtype=np.int64)  # [n, S]
+    np.maximum.at(bins, (merged_id[keep], src[keep]), ev[keep])
+    cond_p = combine(raw_p, depths, factors, bins)
+    return MergedTree(tokens, parents, depths, sources, raw_p, bins, cond_p,
+                      path_products(cond_p, parents, depths))
 
 
-def combine(raw_p: np.ndarray, depths: np.ndarray, factors: np.ndarray | None) -> np.ndarray:
-    """[n] 1 - prod_s (1 - min(1, raw_p[:, s] * factor[s, depth]))."""
+def combine(raw_p: np.ndarray, depths: np.ndarray, factors: np.ndarray | None,
+            bins: np.ndarray | None = None) -> np.ndarray:
+    """[n] 1 - prod_s (1 - min(1, raw_p[:, s] * factors[s, depth, bins[:, s]]))."""
     p = raw_p
     if factors is not None and raw_p.shape[0]:
+        n, s = raw_p.shape
+        assert factors.ndim == 3 and factors.shape[0] >= s, f"factors must be [>= {s}, D, E], got {factors.shape}"
         col = np.minimum(depths, factors.shape[1]) - 1  # [n]
-        p = raw_p * factors[: raw_p.shape[1], :][:, col].T  # [n, S]
+        b = np.zeros((n, s), dtype=np.int64) if bins is None else np.minimum(bins, factors.shape[2] - 1)
+        p = raw_p * factors[np.arange(s)[None, :], col[:, None], b]  # [n, S]
     p = np.clip(p, 0.0, 1.0)
     return 1.0 - np.prod(1.0 - p, axis=1)
 

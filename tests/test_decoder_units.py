@@ -221,9 +221,26 @@ def test_calibration_learns_acceptance():
         merged = merge_trees([a, b], cal.factors())
         nxt = 1 if rng.random() < 0.25 else (2 if rng.random() < 0.9 else 3)
         cal.update(merged, np.array([-1]), np.array([nxt]))
+    f = cal.factors()  # [S, D, E]; counts of 1 rest on evidence bin 0
+    assert 0.15 < f[0, 0, 0] < 0.35 and 0.55 < f[1, 0, 0] <= 1.0
+    assert f[0, 5, 0] == 1.0  # untested depths stay at the prior
+    assert 0.15 < f[0, 0, 3] < 0.35  # an untested evidence bin borrows its depth's pooled factor
+
+
+def test_calibration_separates_evidence():
+    """One source: estimates resting on 1 occurrence are right 10% of the time, on 100
+    occurrences 80%; the factors learn each, the bins do not bleed into each other."""
+    cal = Calibration(1)
+    rng = np.random.default_rng(1)
+    for i in range(400):
+        count = 1 if i % 2 else 100
+        t = DraftTree(np.array([7]), np.array([-1]), np.array([count]), 1, "a")  # raw p = 1
+        merged = merge_trees([t], cal.factors())
+        assert merged.bins[0, 0] == (0 if count == 1 else 6)
+        right = rng.random() < (0.1 if count == 1 else 0.8)
+        cal.update(merged, np.array([-1]), np.array([7 if right else 8]))
     f = cal.factors()
-    assert 0.15 < f[0, 0] < 0.35 and 0.55 < f[1, 0] <= 1.0
-    assert f[0, 5] == 1.0  # untested depths stay at the prior
+    assert 0.03 < f[0, 0, 0] < 0.2 and 0.65 < f[0, 0, 6] < 0.95
 
 
 @pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.3, 0.8), (1.0, 0.3)])
