@@ -180,3 +180,17 @@ def test_console_script(setup):
                           str(setup.store), "--prompt", "x", "--drafters", "nope"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 2 and "nope" in bad.stderr
+
+
+@pytest.mark.parametrize("flag,packed", [((), True), (("--no-packed-linears",), False)])
+def test_packed_linears_flag(setup, capsys, monkeypatch, flag, packed):
+    """float32 on the CPU packs the model's linears unless --no-packed-linears; identical either way."""
+    import decoder.models as models
+
+    calls = []
+    real = models.pack_linears
+    monkeypatch.setattr(models, "pack_linears", lambda model: calls.append(real(model)))
+    rc, report = run_json(capsys, "--model", setup.model_dir, "--datastore", setup.store,
+                          "--prompt", PROMPTS[0], "--max-new-tokens", 8, "--compare", *flag)
+    assert rc == 0 and report["identical"] is True
+    assert (len(calls) == 1 and calls[0] > 0) if packed else calls == []
