@@ -26,7 +26,7 @@ from decoder.stats import DecoderSettings, Generation, GenerationStats
 from decoder.tree import MergedTree, merge_trees, select_top, sorted_path_probs, subtree
 from decoder.verify import greedy_accept, sample_accept
 
-SIDE_EXPLORE = 8  # a side branch skipped this many steps in a row rides in the next forward
+SIDE_EXPLORE = (8, 64)  # a skipped side branch rides again after 8 steps, 16, 32 ... 64 while it does not pay
 SIDE_GAIN_RATE = 0.1  # EMA rate of the side branch's yield (~10 steps of memory)
 
 __all__ = ["SpeculativeDecoder", "DecoderSettings", "Generation", "GenerationStats"]
@@ -92,6 +92,7 @@ class SpeculativeDecoder:
                               if type(d).side_branch is not Drafter.side_branch)
         self._side_gain = 1.0  # tokens a step, optimistic so the window gets tried first
         self._steps_without_side = 0
+        self._explore_after = SIDE_EXPLORE[0]  # skipped steps before the side branch rides anyway
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -280,7 +281,9 @@ class SpeculativeDecoder:
         The side branch (a lookahead window) costs its tokens in every forward it rides in and
         pays back later through the n-grams it harvests: it goes when the cost model, crediting
         it with the tokens its harvest recently brought per step, expects more tokens per second
-        with it than without, and at least every SIDE_EXPLORE steps so that estimate stays fresh.
+        with it than without. A skipped window still rides after `_explore_after` steps, so that
+        estimate stays fresh; that interval doubles (up to SIDE_EXPLORE[1]) while only exploration
+        sends it and resets once it pays: lookahead alone on code cost 11% with a fixed 8.
         """
         limit = self.settings.max_tree
         if self.settings.budget != "auto":
@@ -290,7 +293,10 @@ class SpeculativeDecoder:
         if n_side == 0:
             return n0, False
         n1, rate1 = self.cost.best(p, n_side, limit, bonus=self._side_gain)
-        if rate1 > rate0 or self._steps_without_side >= SIDE_EXPLORE:
+        pays = rate1 > rate0
+        if pays or self._steps_without_side >= self._explore_after:
+            lo, hi = SIDE_EXPLORE
+            self._explore_after = lo if pays else min(2 * self._explore_after, hi)
             self._steps_without_side = 0
             return n1, True
         self._steps_without_side += 1

@@ -130,18 +130,22 @@ def test_side_branch_unchanged_and_correct(case):
 
 def test_unprofitable_side_branch_rides_only_to_explore(case):
     """budget=auto: a side branch whose harvest never pays is left out of the forward but for
-    one step in every SIDE_EXPLORE + 1; outputs stay exact and side results match what rode."""
+    exploration steps, ever rarer; outputs stay exact and side results match what rode."""
     from decoder.cost import CostModel
     from decoder.speculative import SIDE_EXPLORE
 
     model, ps, full = case
     side = SideDrafter(m=6)
-    oracle = OracleDrafter({0: ps[0] + full[0]}, "bushy")
+    n = 40
+    want = greedy(model, ps[0], n + 8)
+    oracle = OracleDrafter({0: ps[0] + want}, "wrong")  # one token a step: many steps
     dec = SpeculativeDecoder(model, StubTokenizer(), [oracle, side], DecoderSettings(budget="auto"))
     dec.cost = CostModel({1: 1.0, 2: 1.5, 4: 2.5, 8: 4.5, 16: 8.5})  # every extra token dear
-    g = dec.generate(ps[0], max_new_tokens=N)
-    assert g.token_ids == full[0][:N]
-    rode = [m for m in g.stats.side_tokens if m]
-    assert len(g.stats.side_tokens) == g.stats.steps
-    assert len(side.results) == len(rode) and set(rode) == {6}
-    assert g.stats.steps // (SIDE_EXPLORE + 1) <= len(rode) < g.stats.steps
+    g = dec.generate(ps[0], max_new_tokens=n)
+    assert g.token_ids == want[:n]
+    sizes = g.stats.side_tokens
+    rode = [i for i, m in enumerate(sizes) if m]
+    assert len(sizes) == g.stats.steps == n
+    assert len(side.results) == len(rode) and {sizes[i] for i in rode} == {6}
+    first = SIDE_EXPLORE[0]
+    assert rode == [first, 2 * first + first + 1]  # 8 skipped, rides; 16 skipped, rides
