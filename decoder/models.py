@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from decoder.cpu_linear import pack_linears
 from builder.tokenizer import (
     TokenizerSpecError, cache_dir, gguf_cache_key, load_tokenizer, publish_dir, resolve_spec,
 )
+from decoder.cpu_linear import pack_linears
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

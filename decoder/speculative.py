@@ -264,13 +264,14 @@ class SpeculativeDecoder:
             t1 = time.perf_counter()
             merged = merge_trees(trees, self.calibration.factors(), max_depth=max(depth, 0),
                                  smoothing=self.settings.count_smoothing)
-            n, with_side = self._budget(merged, 0 if side is None else int(side.tokens.shape[0]))
+            n_side = 0 if side is None else int(side.tokens.shape[0])
+            n, with_side = self._budget(merged, n_side)
             if not with_side:
-                side, spans = None, []
+                side, spans, n_side = None, [], 0
             keep = select_top(merged, n)
             plans.append(_Plan(row, merged, keep, side, spans))
             row.stats.budgets.append(int(keep.shape[0]))
-            row.stats.side_tokens.append(0 if side is None else int(side.tokens.shape[0]))
+            row.stats.side_tokens.append(n_side)
             row.stats.draft_seconds += t1 - t0
             row.stats.bookkeeping_seconds += time.perf_counter() - t1
         return plans

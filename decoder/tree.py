@@ -59,10 +59,7 @@ def raw_probabilities(tree: DraftTree, smoothing: float = 0.0) -> np.ndarray:
 
     smoothing > 0 discounts thin evidence: a continuation seen once of once is no certainty.
     """
-    counts, denom = _denominators(tree)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = np.where(denom > 0, counts / np.where(denom > 0, denom + smoothing, 1.0), 0.0)
-    return np.clip(p, 0.0, 1.0)
+    return _probabilities(*_denominators(tree), smoothing)
 
 
 def evidence_bins(tree: DraftTree) -> np.ndarray:
@@ -72,7 +69,16 @@ def evidence_bins(tree: DraftTree) -> np.ndarray:
     HumanEval with the 107M-token code store the top first draft token was right 7% of the time
     when its suffix occurred once, 42% at 5-16 occurrences and 67% beyond 100.
     """
-    _, denom = _denominators(tree)
+    return _bins(_denominators(tree)[1])
+
+
+def _probabilities(counts: np.ndarray, denom: np.ndarray, smoothing: float) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(denom > 0, counts / np.where(denom > 0, denom + smoothing, 1.0), 0.0)
+    return np.clip(p, 0.0, 1.0)
+
+
+def _bins(denom: np.ndarray) -> np.ndarray:
     return np.clip(np.floor(np.log2(np.maximum(denom, 1.0))), 0, EVIDENCE_BINS - 1).astype(np.int64)
 
 
@@ -83,8 +89,8 @@ def merge_trees(
     """Merge trees[s] (s = source index) into one trie.
 
     factors: [S, D, E] calibration multipliers per source, depth (column d-1 for depth d; depths
-    beyond D use the last column) and evidence bin; None = 1. Nodes deeper than max_depth are dropped. smoothing:
-    see raw_probabilities.
+    beyond D use the last column) and evidence bin; None = 1. Nodes deeper than max_depth are
+    dropped. smoothing: see raw_probabilities.
     """
     n_src = len(trees)
     assert n_src <= MAX_SOURCES, f"at most {MAX_SOURCES} drafters"
@@ -98,8 +104,9 @@ def merge_trees(
     )  # [N] global parent index, -1 = root
     src = np.concatenate([np.full(len(t), s, dtype=np.int64) for s, t in parts])  # [N]
     depth = np.concatenate([t.depths().astype(np.int64) for _, t in parts])  # [N]
-    raw = np.concatenate([raw_probabilities(t, smoothing) for _, t in parts])  # [N]
-    ev = np.concatenate([evidence_bins(t) for _, t in parts])  # [N]
+    counts, denom = (np.concatenate(a) for a in zip(*(_denominators(t) for _, t in parts)))  # [N], [N]
+    raw = _probabilities(counts, denom, smoothing)  # [N]
+    ev = _bins(denom)  # [N]
 
     merged_id = np.full(tok.shape[0], -1, dtype=np.int64)  # [N] node -> merged index
     out_tok, out_par, out_depth = [], [], []
@@ -131,14 +138,14 @@ def merge_trees(
 
 
 def combine(raw_p: np.ndarray, depths: np.ndarray, factors: np.ndarray | None,
-            bins: np.ndarray | None = None) -> np.ndarray:
+            bins: np.ndarray) -> np.ndarray:
     """[n] 1 - prod_s (1 - min(1, raw_p[:, s] * factors[s, depth, bins[:, s]]))."""
     p = raw_p
     if factors is not None and raw_p.shape[0]:
         n, s = raw_p.shape
         assert factors.ndim == 3 and factors.shape[0] >= s, f"factors must be [>= {s}, D, E], got {factors.shape}"
         col = np.minimum(depths, factors.shape[1]) - 1  # [n]
-        b = np.zeros((n, s), dtype=np.int64) if bins is None else np.minimum(bins, factors.shape[2] - 1)
+        b = np.minimum(bins, factors.shape[2] - 1)  # [n, S]
         p = raw_p * factors[np.arange(s)[None, :], col[:, None], b]  # [n, S]
     p = np.clip(p, 0.0, 1.0)
     return 1.0 - np.prod(1.0 - p, axis=1)

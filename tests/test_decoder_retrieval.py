@@ -104,7 +104,8 @@ def test_make_drafters_errors(world):
 
 def test_settings_validation():
     for bad in ({"budget": 0}, {"budget": "big"}, {"max_depth": 0}, {"max_tree": -1},
-                {"calibration_decay": 0.0}, {"dtype": "int8"}, {"eos_token_ids": (-1,)}):
+                {"calibration_decay": 0.0}, {"dtype": "int8"}, {"eos_token_ids": (-1,)},
+                {"count_smoothing": -1.0}, {"count_smoothing": float("nan")}):
         with pytest.raises(ValueError):
             DecoderSettings(**bad)
     assert DecoderSettings(budget=5, eos_token_ids=[3]).eos_token_ids == (3,)
