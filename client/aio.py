@@ -48,12 +48,14 @@ class AsyncDraftClient(ClientBase):
         return messages.info_from_proto(msg, self.target)
 
     async def draft(self, context, budget: int = 64, max_depth: int = 16, max_suffix: int = 16,
-                    min_suffix: int = 1, *, timeout: float | None = None) -> DraftTree:
+                    min_suffix: int = 1, min_count: int = 1, *,
+                    timeout: float | None = None) -> DraftTree:
         if budget == 0 or not self._guard.admit("Draft"):
             return DraftTree.empty(messages.SOURCE)
         try:
             request = messages.draft_request(
-                context, DraftArgs(budget, max_depth, max_suffix, min_suffix), self.settings)
+                context, DraftArgs(budget, max_depth, max_suffix, min_suffix, min_count),
+                self.settings)
             seconds = call_timeout(timeout, self.settings.timeout)
             msg = await self._rpc("Draft", request, seconds)
         except Exception as exc:  # noqa: BLE001 - decoding never fails because of the datastore
@@ -68,16 +70,16 @@ class AsyncDraftClient(ClientBase):
         return tree
 
     async def draft_batch(self, contexts: Sequence, budget: int = 64, max_depth: int = 16,
-                          max_suffix: int = 16, min_suffix: int = 1, *,
+                          max_suffix: int = 16, min_suffix: int = 1, min_count: int = 1, *,
                           timeout: float | None = None) -> list[DraftTree]:
         contexts = list(contexts)
         if not contexts or budget == 0:
             return messages.empties(len(contexts))
         deadline = time.monotonic() + call_timeout(timeout, self.settings.timeout)
+        args = (budget, max_depth, max_suffix, min_suffix, min_count)
         out: list[DraftTree] = []
         for part in messages.chunks(contexts, self.settings.max_batch):
-            out += await self._batch_part(part, (budget, max_depth, max_suffix, min_suffix),
-                                          deadline)
+            out += await self._batch_part(part, args, deadline)
         return out
 
     async def _batch_part(self, contexts: list, args: tuple, deadline: float) -> list[DraftTree]:

@@ -107,7 +107,8 @@ class DraftClient(ClientBase):
         return messages.info_from_proto(msg, self.target)
 
     def draft(self, context, budget: int = 64, max_depth: int = 16, max_suffix: int = 16,
-              min_suffix: int = 1, *, timeout: float | None = None) -> DraftTree:
+              min_suffix: int = 1, min_count: int = 1, *,
+              timeout: float | None = None) -> DraftTree:
         """The datastore's tree after `context` (1-D ids); empty on any failure, never raises."""
         if budget == 0:
             return DraftTree.empty(messages.SOURCE)
@@ -115,7 +116,8 @@ class DraftClient(ClientBase):
             return DraftTree.empty(messages.SOURCE)
         try:
             request = messages.draft_request(
-                context, DraftArgs(budget, max_depth, max_suffix, min_suffix), self.settings)
+                context, DraftArgs(budget, max_depth, max_suffix, min_suffix, min_count),
+                self.settings)
             msg = self._rpc("Draft", request, call_timeout(timeout, self.settings.timeout))
         except Exception as exc:  # noqa: BLE001 - decoding never fails because of the datastore
             self._guard.failed("Draft", exc)
@@ -129,7 +131,7 @@ class DraftClient(ClientBase):
         return tree
 
     def draft_batch(self, contexts: Sequence, budget: int = 64, max_depth: int = 16,
-                    max_suffix: int = 16, min_suffix: int = 1, *,
+                    max_suffix: int = 16, min_suffix: int = 1, min_count: int = 1, *,
                     timeout: float | None = None) -> list[DraftTree]:
         """One tree per context, in order (DraftBatch calls of <= settings.max_batch under one
         deadline); empty trees for any part that failed, never raises."""
@@ -137,9 +139,10 @@ class DraftClient(ClientBase):
         if not contexts or budget == 0:
             return messages.empties(len(contexts))
         deadline = time.monotonic() + call_timeout(timeout, self.settings.timeout)
+        args = (budget, max_depth, max_suffix, min_suffix, min_count)
         out: list[DraftTree] = []
         for part in messages.chunks(contexts, self.settings.max_batch):
-            out += self._batch_part(part, (budget, max_depth, max_suffix, min_suffix), deadline)
+            out += self._batch_part(part, args, deadline)
         return out
 
     def _batch_part(self, contexts: list, args: tuple, deadline: float) -> list[DraftTree]:

@@ -55,11 +55,19 @@ class DraftArgs:
     max_depth: int = 16
     max_suffix: int = 16
     min_suffix: int = 1
+    min_count: int = 1
 
     def __post_init__(self) -> None:
         if self.budget < 0 or self.max_depth < 1 or not 1 <= self.min_suffix <= self.max_suffix:
             raise ValueError(f"need budget >= 0, max_depth >= 1, 1 <= min_suffix <= max_suffix; "
                              f"got {self}")
+        if self.min_count < 1:
+            raise ValueError(f"need min_count >= 1; got {self}")
+
+    def params(self) -> dict[str, int]:
+        """The keywords of `convert.draft_request` (the tier comes from ClientSettings)."""
+        return dict(budget=self.budget, max_depth=self.max_depth, max_suffix=self.max_suffix,
+                    min_suffix=self.min_suffix, min_count=self.min_count)
 
 
 def ids(tokens, what: str = "context") -> np.ndarray:
@@ -80,15 +88,13 @@ def tail(context, max_suffix: int) -> np.ndarray:
 
 def draft_request(context, a: DraftArgs, s: ClientSettings) -> pb.DraftRequest:
     return convert.draft_request(tail(context, a.max_suffix), s.tokenizer_fingerprint,
-                                 budget=a.budget, max_depth=a.max_depth,
-                                 max_suffix=a.max_suffix, min_suffix=a.min_suffix, tier=s.tier)
+                                 tier=s.tier, **a.params())
 
 
 def batch_request(contexts: Sequence, a: DraftArgs, s: ClientSettings) -> pb.DraftBatchRequest:
     msg = pb.DraftBatchRequest(requests=[
-        convert.draft_request(tail(c, a.max_suffix), None, budget=a.budget,
-                              max_depth=a.max_depth, max_suffix=a.max_suffix,
-                              min_suffix=a.min_suffix, tier=s.tier) for c in contexts])
+        convert.draft_request(tail(c, a.max_suffix), None, tier=s.tier, **a.params())
+        for c in contexts])
     if s.tokenizer_fingerprint is not None:
         msg.tokenizer_fingerprint = s.tokenizer_fingerprint
     return msg

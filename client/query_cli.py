@@ -39,6 +39,7 @@ class QuerySettings:
     max_depth: int = 16
     max_suffix: int = 16
     min_suffix: int = 1
+    min_count: int = 1
     timeout: float = 10.0
     auth_token_file: str | None = None
     tls_ca: str | None = None
@@ -54,6 +55,8 @@ class QuerySettings:
         if self.budget < 1 or self.max_depth < 1 or not 1 <= self.min_suffix <= self.max_suffix:
             raise CliError("need --budget >= 1, --max-depth >= 1, "
                            "1 <= --min-suffix <= --max-suffix")
+        if self.min_count < 1:
+            raise CliError(f"--min-count must be >= 1, got {self.min_count}")
         if self.timeout <= 0:
             raise CliError("--timeout must be > 0")
         if self.datastore is not None and (self.auth_token_file or self.tls_ca or self.tls_cert):
@@ -79,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-suffix", type=int, default=16,
                    help="longest context suffix tried (default 16)")
     p.add_argument("--min-suffix", type=int, default=1, help="shortest suffix tried (default 1)")
+    p.add_argument("--min-count", type=int, default=1, metavar="N",
+                   help="grow the trie from the longest context suffix seen at least N times "
+                        "(default 1: the longest that occurs at all; a match of the whole "
+                        "--max-suffix window is always kept); backing off from rare matches "
+                        "drafts better continuations")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="seconds per call with --address (default 10)")
     p.add_argument("--auth-token-file", help="file holding the server's bearer token")
@@ -124,7 +132,8 @@ class LocalSource:
         self.tokenizer_meta = dict(self.store.tokenizer)
 
     def draft(self, context: np.ndarray, s: QuerySettings) -> DraftTree:
-        return self.store.draft(context, s.budget, s.max_depth, s.max_suffix, s.min_suffix)
+        return self.store.draft(context, s.budget, s.max_depth, s.max_suffix, s.min_suffix,
+                                min_count=s.min_count)
 
     def close(self) -> None:
         self.store.close()
@@ -156,7 +165,8 @@ class RemoteSource:
         self.tokenizer_meta = dict(info.tokenizer)
 
     def draft(self, context: np.ndarray, s: QuerySettings) -> DraftTree:
-        tree = self.client.draft(context, s.budget, s.max_depth, s.max_suffix, s.min_suffix)
+        tree = self.client.draft(context, s.budget, s.max_depth, s.max_suffix, s.min_suffix,
+                                 s.min_count)
         if self.client.failures:
             raise CliError(f"{s.address}: {self.client.last_error}")
         return tree

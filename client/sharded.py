@@ -5,6 +5,9 @@ trees are merged by summing the counts of identical paths (`datastore.tree.merge
 budget is re-selected with the shared best-first tie rule. When every shard's tree is complete
 (its whole trie fits in the over-fetched budget) the result is exactly what one datastore of the
 whole corpus gives; otherwise a path a shard cut off is missing that shard's count.
+With min_count > 1 each shard backs off on its own counts, so the merged tree can grow from
+another suffix than one whole store would pick (a shorter one where only the shards' summed
+counts reach min_count): exact only for min_count = 1, like the over-fetch caveat above.
 A shard that fails is just absent (and counted in `failures`): drafts degrade, decoding goes on.
 """
 from __future__ import annotations
@@ -127,7 +130,8 @@ class ShardedClient:
         return out
 
     def draft(self, context, budget: int = 64, max_depth: int = 16, max_suffix: int = 16,
-              min_suffix: int = 1, *, timeout: float | None = None) -> DraftTree:
+              min_suffix: int = 1, min_count: int = 1, *,
+              timeout: float | None = None) -> DraftTree:
         if budget == 0:
             return DraftTree.empty(messages.SOURCE)
         try:
@@ -137,12 +141,12 @@ class ShardedClient:
             return DraftTree.empty(messages.SOURCE)
         b = self.settings.shard_budget(budget)
         trees = self._fan_out(lambda c, left: c.draft(context, b, max_depth, max_suffix,
-                                                      min_suffix, timeout=left),
+                                                      min_suffix, min_count, timeout=left),
                               call_timeout(timeout, self.settings.client.timeout))
         return merge_shards([t for t in trees if t is not None], budget, max_depth)
 
     def draft_batch(self, contexts: Sequence, budget: int = 64, max_depth: int = 16,
-                    max_suffix: int = 16, min_suffix: int = 1, *,
+                    max_suffix: int = 16, min_suffix: int = 1, min_count: int = 1, *,
                     timeout: float | None = None) -> list[DraftTree]:
         contexts = list(contexts)
         if not contexts or budget == 0:
@@ -150,7 +154,7 @@ class ShardedClient:
         b = self.settings.shard_budget(budget)
         per_shard = self._fan_out(lambda c, left: c.draft_batch(contexts, b, max_depth,
                                                                 max_suffix, min_suffix,
-                                                                timeout=left),
+                                                                min_count, timeout=left),
                                   call_timeout(timeout, self.settings.client.timeout))
         per_shard = [trees for trees in per_shard if trees is not None]
         return [merge_shards([trees[i] for trees in per_shard], budget, max_depth)

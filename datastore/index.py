@@ -250,24 +250,29 @@ def longest_match(indexes: Sequence[SuffixIndex], tail: list[int], min_suffix: i
     return _kernel.longest_match(tuple(ix.kernel for ix in indexes), tail, min_suffix)
 
 
-def _check_draft_args(budget: int, max_depth: int, max_suffix: int, min_suffix: int) -> None:
+def _check_draft_args(budget: int, max_depth: int, max_suffix: int, min_suffix: int,
+                      min_count: int = 1) -> None:
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     if max_depth < 1:
         raise ValueError(f"max_depth must be >= 1, got {max_depth}")
     if not 1 <= min_suffix <= max_suffix:
         raise ValueError(f"need 1 <= min_suffix <= max_suffix, got {min_suffix}, {max_suffix}")
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}")
 
 
 def draft_from(indexes: Sequence[SuffixIndex], context, budget: int = 64, max_depth: int = 16,
-               max_suffix: int = 16, min_suffix: int = 1, separator: int | None = None
-               ) -> DraftTree:
+               max_suffix: int = 16, min_suffix: int = 1, separator: int | None = None,
+               min_count: int = 1) -> DraftTree:
     """The exact weighted trie after `context` over all indexes together (DESIGN.md).
 
     context: 1-D token ids (list, numpy or torch); only its last max_suffix ids are read.
-    separator: defaults to the indexes' own. match_len = the longest matching suffix length L.
+    separator: defaults to the indexes' own. match_len = the suffix length L the trie grows from:
+    the longest that matches, or with min_count > 1 and a match shorter than max_suffix the
+    longest seen >= min_count times (`backoff_match`).
     """
-    _check_draft_args(budget, max_depth, max_suffix, min_suffix)
+    _check_draft_args(budget, max_depth, max_suffix, min_suffix, min_count)
     indexes = list(indexes)
     sep = _separator(indexes, separator)
     tail = _as_ints(context[-max_suffix:] if len(context) else context)
@@ -277,6 +282,7 @@ def draft_from(indexes: Sequence[SuffixIndex], context, budget: int = 64, max_de
     L, ranges = longest_match(indexes, tail, min_suffix)
     if L == 0:
         return DraftTree.empty()
+    L, ranges = backoff_match(indexes, tail, min_suffix, L, ranges, min_count, max_suffix)
     split = _Splitter(indexes, NO_SEPARATOR if sep is None else sep)
     frontier = _Frontier(budget)
     roots = split(ranges, L, budget, 0, [], sum(hi - lo for lo, hi in ranges))
@@ -296,6 +302,34 @@ def draft_from(indexes: Sequence[SuffixIndex], context, budget: int = 64, max_de
     # max_depth): the frontier then knows exactly which counts are still waiting in the heap.
     tokens, parents, counts = expand_best_first(roots, children, budget, max_depth + 1)
     return DraftTree(tokens, parents, counts, match_len=L)
+
+
+def backoff_match(indexes: Sequence[SuffixIndex], tail: list[int], min_suffix: int, L: int,
+                  ranges: Ranges, min_count: int, keep: int) -> tuple[int, Ranges]:
+    """(L', ranges) for the longest L' in [min_suffix, L] whose suffix occurs >= min_count times
+    over all indexes; the longest match (L, ranges) itself when it is `keep` tokens long (the
+    whole max_suffix window) or when no length reaches min_count.
+
+    A short match seen once or twice drafts one document's continuation, which the model follows
+    far less often than the continuations of a shorter, well-attested suffix: on the 107M-token
+    code store (40 HumanEval greedy outputs replayed) a 64-node trie gives 1.73 tokens/step from
+    the longest match and 2.03 from the longest suffix seen >= 16 times. A match of the whole
+    window is a real repeat (a live-tier copy of an earlier output, a quoted file) and is kept:
+    keeping it costs nothing there (2.03 either way). Counts only fall as L grows, so bisection
+    finds L' (ceil(log2 L) searches per index).
+    """
+    if min_count <= 1 or L >= keep or sum(hi - lo for lo, hi in ranges) >= min_count:
+        return L, ranges
+    best: tuple[int, Ranges] = (L, ranges)
+    lo_len, hi_len = min_suffix, L  # the answer lies in [lo_len, hi_len); L itself is too rare
+    while lo_len < hi_len:
+        mid = (lo_len + hi_len) // 2
+        found = tuple(pattern_range(ix, tail[-mid:]) if ix.n else (0, 0) for ix in indexes)
+        if sum(hi - lo for lo, hi in found) >= min_count:
+            best, lo_len = (mid, found), mid + 1
+        else:
+            hi_len = mid
+    return best
 
 
 class _Frontier:

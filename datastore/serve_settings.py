@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# min_count has no limit below the wire's uint32: a threshold above every count just keeps the
+# longest match, and backing off costs the same ~log2(max_suffix) searches whatever it is.
+MAX_MIN_COUNT = 2**32 - 1
+
 
 @dataclass(frozen=True)
 class ServeSettings:
@@ -27,6 +31,7 @@ class ServeSettings:
     max_depth: int = 16
     max_suffix: int = 16
     min_suffix: int = 1
+    min_count: int = 1  # back off to the longest suffix seen >= this often (1 = longest match)
     # limits; also reported by Info so clients can respect them
     limit_budget: int = 1024
     limit_depth: int = 64
@@ -58,6 +63,9 @@ class ServeSettings:
             raise ValueError(f"default max_depth must be in [1, {self.limit_depth}]")
         if not 1 <= self.min_suffix <= self.max_suffix <= self.limit_context:
             raise ValueError("need 1 <= min_suffix <= max_suffix <= limit_context")
+        if not 1 <= self.min_count <= MAX_MIN_COUNT:
+            raise ValueError(f"default min_count must be in [1, {MAX_MIN_COUNT}], "
+                             f"got {self.min_count}")
 
     @property
     def handler_threads(self) -> int:

@@ -60,10 +60,11 @@ class _State:
 def run_query(store, live: LiveTier | None, q: DraftQuery) -> DraftTree:
     args = (q.budget, q.max_depth, q.max_suffix, q.min_suffix)
     if q.tier == "static" or live is None:
-        return store.draft(q.context, *args)
+        return store.draft(q.context, *args, min_count=q.min_count)
     if q.tier == "both":
-        return store.draft(q.context, *args, extra_indexes=live.indexes)
-    return draft_from(live.indexes, q.context, *args, separator=store.separator)
+        return store.draft(q.context, *args, extra_indexes=live.indexes, min_count=q.min_count)
+    return draft_from(live.indexes, q.context, *args, separator=store.separator,
+                      min_count=q.min_count)
 
 
 class DraftServicer(pb_grpc.DraftServiceServicer):

@@ -260,11 +260,13 @@ class Datastore:
         return count_in(self._live_indexes(), pattern, self.separator)
 
     def draft(self, context, budget: int = 64, max_depth: int = 16, max_suffix: int = 16,
-              min_suffix: int = 1, extra_indexes: Sequence[SuffixIndex] = ()) -> DraftTree:
-        """The exact weighted trie after `context`; extra_indexes (a live tier) count as more shards."""
+              min_suffix: int = 1, extra_indexes: Sequence[SuffixIndex] = (), min_count: int = 1
+              ) -> DraftTree:
+        """The exact weighted trie after `context`; extra_indexes (a live tier) count as more shards.
+        min_count > 1: grown from the longest suffix seen that often (`index.backoff_match`)."""
         indexes = self._live_indexes() + list(extra_indexes)
         return draft_from(indexes, context, budget, max_depth, max_suffix, min_suffix,
-                          self.separator)
+                          self.separator, min_count)
 
     # ------------------------------------------------------------------ lifetime
     def _live_indexes(self) -> list[SuffixIndex]:

@@ -1,8 +1,8 @@
 """Request validation: proto -> checked domain values, or an error naming the field.
 
 INVALID_ARGUMENT for what the caller got wrong (ids outside the vocabulary, budget/depth 0 or
-over the limit, oversized context, batch or insert); FAILED_PRECONDITION for a tokenizer
-fingerprint mismatch or a tier this server does not have.
+over the limit, min_count 0, oversized context, batch or insert); FAILED_PRECONDITION for a
+tokenizer fingerprint mismatch or a tier this server does not have.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from datastore.errors import FailedPrecondition, InvalidArgument, TokenizerMismatch
-from datastore.serve_settings import ServeSettings
+from datastore.serve_settings import MAX_MIN_COUNT, ServeSettings
 from protos import convert
 from protos.draftstore.v1 import draftstore_pb2 as pb
 
@@ -23,6 +23,7 @@ class DraftQuery:
     max_depth: int
     max_suffix: int
     min_suffix: int
+    min_count: int
     tier: str  # "static" | "live" | "both"
 
 
@@ -44,11 +45,13 @@ def parse_draft(msg: pb.DraftRequest, s: ServeSettings, vocab_size: int, live: b
                         f"{where}params.max_suffix")
     min_suffix = _param(p["min_suffix"], s.min_suffix, 1, max_suffix,
                         f"{where}params.min_suffix (<= max_suffix)")
+    min_count = _param(p["min_count"], s.min_count, 1, MAX_MIN_COUNT, f"{where}params.min_count")
     tier = p["tier"] or ("both" if live else "static")
     if tier != "static" and not live:
         raise FailedPrecondition(f"{where}params.tier={tier}: the live tier is disabled "
                                  "on this server (--no-live)")
-    return DraftQuery(context[-max_suffix:], budget, depth, max_suffix, min_suffix, tier)
+    return DraftQuery(context[-max_suffix:], budget, depth, max_suffix, min_suffix, min_count,
+                      tier)
 
 
 def _param(value: int | None, default: int, lo: int, hi: int, name: str) -> int:

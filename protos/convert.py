@@ -14,7 +14,7 @@ from protos.draftstore.v1 import draftstore_pb2 as pb
 
 TIERS = {"static": pb.TIER_STATIC, "live": pb.TIER_LIVE, "both": pb.TIER_BOTH, None: pb.TIER_UNSPECIFIED}
 TIER_NAMES = {v: k for k, v in TIERS.items()}
-PARAM_FIELDS = ("budget", "max_depth", "max_suffix", "min_suffix")
+PARAM_FIELDS = ("budget", "max_depth", "max_suffix", "min_suffix", "min_count")
 
 
 def tree_to_proto(tree: DraftTree) -> pb.DraftTree:
@@ -60,16 +60,19 @@ def params_to_proto(
     max_suffix: int | None = None,
     min_suffix: int | None = None,
     tier: str | None = None,
+    min_count: int | None = None,
 ) -> pb.DraftParams:
     """None leaves a field unset, which means "use the server default"."""
     if tier not in TIERS:
         raise ValueError(f"tier must be one of static, live, both or None, got {tier!r}")
-    kw = dict(budget=budget, max_depth=max_depth, max_suffix=max_suffix, min_suffix=min_suffix)
+    kw = dict(budget=budget, max_depth=max_depth, max_suffix=max_suffix, min_suffix=min_suffix,
+              min_count=min_count)
     return pb.DraftParams(tier=TIERS[tier], **{k: int(v) for k, v in kw.items() if v is not None})
 
 
 def params_from_proto(msg: pb.DraftParams) -> dict[str, int | str | None]:
-    """{budget, max_depth, max_suffix, min_suffix: int or None (unset), tier: name or None}.
+    """{budget, max_depth, max_suffix, min_suffix, min_count: int or None (unset),
+    tier: name or None}.
 
     Raises ValueError naming the field for an unknown tier value.
     """

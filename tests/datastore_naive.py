@@ -50,10 +50,25 @@ def longest_match(docs, context, max_suffix: int, min_suffix: int) -> int:
     return 0
 
 
-def full_trie(docs, context, max_depth: int, max_suffix: int, min_suffix: int) -> DraftTree:
+def backoff_length(docs, context, max_suffix: int, min_suffix: int, min_count: int) -> int:
+    """The longest suffix length seen >= min_count times, scanning down from the longest match;
+    the longest match when it spans all max_suffix tokens or when no length is seen that often."""
+    longest = longest_match(docs, context, max_suffix, min_suffix)
+    if longest == max_suffix:
+        return longest
+    context = list(map(int, context))
+    for L in range(longest, min_suffix - 1, -1):
+        if count(docs, context[len(context) - L:]) >= min_count:
+            return L
+    return longest
+
+
+def full_trie(docs, context, max_depth: int, max_suffix: int, min_suffix: int,
+              min_count: int = 1) -> DraftTree:
     """Every continuation path (up to max_depth, never past a document's end) of the longest
-    matching suffix, with exact counts, parents before children."""
-    L = longest_match(docs, context, max_suffix, min_suffix)
+    matching suffix (seen >= min_count times, see backoff_length), with exact counts, parents
+    before children."""
+    L = backoff_length(docs, context, max_suffix, min_suffix, min_count)
     if L == 0:
         return DraftTree.empty()
     suffix = list(map(int, context))[len(context) - L:]
@@ -68,7 +83,9 @@ def full_trie(docs, context, max_depth: int, max_suffix: int, min_suffix: int) -
                      [counts[p] for p in paths], L)
 
 
-def reference_draft(docs, context, budget=64, max_depth=16, max_suffix=16, min_suffix=1) -> DraftTree:
+def reference_draft(docs, context, budget=64, max_depth=16, max_suffix=16, min_suffix=1,
+                    min_count=1) -> DraftTree:
     if len(context) < min_suffix or budget == 0:
         return DraftTree.empty()
-    return reselect(full_trie(docs, context, max_depth, max_suffix, min_suffix), budget, max_depth)
+    return reselect(full_trie(docs, context, max_depth, max_suffix, min_suffix, min_count), budget,
+                    max_depth)

@@ -105,6 +105,39 @@ def test_async_twin_equals_sync(server, client, contexts):
     assert all(a.same_as(b) for a, b in zip(batch, sync))
 
 
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_min_count_travels_and_equals_datastore_draft(server, client, store, contexts, k):
+    """Drafts, batches and the async twin with min_count=k equal Datastore.draft(min_count=k);
+    for k > 1 some trees differ from k = 1, so the parameter demonstrably reaches the server."""
+    want = [store.draft(c, budget=32, min_count=k) for c in contexts]
+    singles = [client.draft(c, budget=32, min_count=k) for c in contexts]
+    batch = client.draft_batch(contexts, budget=32, min_count=k)
+    for ctx, w, s, b in zip(contexts, want, singles, batch):
+        assert s.same_as(w) and b.same_as(w), (ctx, k)
+
+    async def run():
+        async with AsyncDraftClient(server.address, timeout=5.0) as ac:
+            return (await asyncio.gather(*(ac.draft(c, budget=32, min_count=k)
+                                           for c in contexts[:20])),
+                    await ac.draft_batch(contexts[:20], budget=32, min_count=k))
+
+    async_singles, async_batch = asyncio.run(run())
+    assert all(a.same_as(w) and b.same_as(w)
+               for a, b, w in zip(async_singles, async_batch, want[:20]))
+    assert client.failures == 0, client.failures_by_code
+    plain = [client.draft(c, budget=32) for c in contexts]
+    backed_off = sum(w.match_len < p.match_len for w, p in zip(want, plain))
+    assert backed_off == 0 if k == 1 else backed_off >= 3, (backed_off, len(contexts))
+    assert sum(len(w) > 0 for w in want) > len(contexts) // 2  # not all empty
+
+
+def test_min_count_below_one_is_never_sent(server):
+    with DraftClient(server.address, timeout=5.0) as c:
+        assert len(c.draft([1, 2], min_count=0)) == 0
+        assert [len(t) for t in c.draft_batch([[1], [2]], min_count=0)] == [0, 0]
+        assert c.failures_by_code == {"CLIENT_ERROR": 2} and "min_count" in c.last_error
+
+
 def test_info_reports_the_store(client, store):
     info = client.info()
     assert info.fingerprint == store.tokenizer["fingerprint"]
@@ -322,7 +355,7 @@ def test_retrieval_drafter_takes_a_client(server, store, contexts):
         drafter = RetrievalDrafter(c, tokenizer_fingerprint=fp)
         ctx = np.asarray(contexts[0], dtype=np.int64)
         tree = drafter.propose(0, ctx, 32, 8)
-        want = store.draft(ctx, 32, 8)
+        want = store.draft(ctx, 32, 8, min_count=drafter.min_count)  # its back-off travels too
         assert np.array_equal(tree.tokens, want.tokens)
         assert np.array_equal(tree.counts, want.counts)
         with pytest.raises(TokenizerMismatchError):

@@ -95,6 +95,28 @@ def test_auth_and_tls_flags(capsys, store_dir, tmp_path):
         assert code == 2 and "--auth-token-file" in err and "missing" in err
 
 
+def test_min_count_backs_off_in_both_modes(capsys, store_dir, server, smollm2_tokenizer):
+    """TEXT's longest match occurs under 5 times: --min-count 5 grows the trie from a shorter
+    suffix, exactly as Datastore.draft(min_count=5) does, in process and over gRPC."""
+    ids = encode(smollm2_tokenizer, TEXT)
+    local = {}
+    for k in ("1", "5"):
+        code, out, err = run(capsys, "--datastore", str(store_dir), "--text", TEXT,
+                             "--min-count", k, "--json")
+        assert code == 0, err
+        local[k] = json.loads(out)
+        code, out, err = run(capsys, "--address", server.address, "--text", TEXT,
+                             "--min-count", k, "--json")
+        assert code == 0 and json.loads(out) == local[k], err
+    with Datastore.open(store_dir) as ds:
+        want = ds.draft(ids, min_count=5)
+    got = local["5"]
+    assert got["match_len"] == want.match_len and got["tokens"] == want.tokens.tolist()
+    assert got["counts"] == want.counts.tolist() and got["parents"] == want.parents.tolist()
+    assert 0 < got["match_len"] < local["1"]["match_len"]
+    assert got["tokens"] != local["1"]["tokens"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--datastore", "/nonexistent/store", "--tokens", "1"], "no such datastore"),
     (["--address", "127.0.0.1:1", "--tokens", "1"], "UNAVAILABLE"),
@@ -102,6 +124,7 @@ def test_auth_and_tls_flags(capsys, store_dir, tmp_path):
     (["--datastore", "X", "--address", "Y", "--tokens", "1"], "exactly one of --datastore"),
     (["--datastore", "X"], "exactly one of --text"),
     (["--datastore", "X", "--tokens", "1", "--budget", "0"], "--budget"),
+    (["--datastore", "X", "--tokens", "1", "--min-count", "0"], "--min-count must be >= 1"),
 ])
 def test_bad_input_exits_2(capsys, argv, message):
     code, out, err = run(capsys, *argv)

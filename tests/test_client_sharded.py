@@ -10,7 +10,7 @@ import pytest
 from builder.tokenizer import tokenizer_info
 from builder.writer import write_datastore
 from client import DraftClient, DraftServiceError, ShardedClient
-from client.sharded import shard_for
+from client.sharded import merge_shards, shard_for
 from datastore.server import ServeSettings, serve
 from datastore.store import Datastore
 from server_support import build_store, sample_contexts
@@ -74,6 +74,23 @@ def test_two_shards_give_the_trees_of_one_whole_datastore(servers, whole, contex
     for s in servers:
         alone = [s.state.store.draft(c, BUDGET, DEPTH) for c in usable]
         assert not all(a.same_as(whole.draft(c, BUDGET, DEPTH)) for a, c in zip(alone, usable))
+
+
+def test_min_count_reaches_every_shard(servers, contexts):
+    """Each shard backs off on its own counts (module docstring): the sharded tree is the merge
+    of the shards' own min_count trees, and differs from the min_count=1 one somewhere."""
+    k, b = 3, SHARD_BUDGET
+    with ShardedClient([s.address for s in servers], timeout=5.0,
+                       overfetch=SHARD_BUDGET // BUDGET) as sc:
+        got = [sc.draft(c, budget=BUDGET, max_depth=DEPTH, min_count=k) for c in contexts]
+        batch = sc.draft_batch(contexts, budget=BUDGET, max_depth=DEPTH, min_count=k)
+        plain = sc.draft_batch(contexts, budget=BUDGET, max_depth=DEPTH)
+        assert sc.failures == 0, sc.failures_by_code
+    for ctx, g, t in zip(contexts, got, batch):
+        shards = [s.state.store.draft(ctx, b, DEPTH, min_count=k) for s in servers]
+        want = merge_shards(shards, BUDGET, DEPTH)
+        assert g.same_as(want) and t.same_as(want), ctx
+    assert any(not g.same_as(p) for g, p in zip(got, plain))
 
 
 def test_info_is_aggregated(servers, whole):

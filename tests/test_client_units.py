@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from client.failures import Breaker, CallGuard, code_of
-from client.messages import chunks, draft_request, insert_request, DraftArgs
+from client.messages import batch_request, chunks, draft_request, insert_request, DraftArgs
 from client.query_cli import render_tree
 from client.settings import ClientSettings, TlsConfig, channel_options, service_config
 from client.sharded import ShardedSettings, merge_shards, shard_for
@@ -92,11 +92,25 @@ def test_requests_carry_only_the_tail_and_the_fingerprint():
     assert msg.params.min_suffix == 2 and msg.params.tier == 1
     ins = insert_request([[1, 2], np.array([3], dtype=np.int64)], s)
     assert [list(q.tokens) for q in ins.sequences] == [[1, 2], [3]]
+    assert msg.params.HasField("min_count") and msg.params.min_count == 1  # sent, not defaulted
+    counted = draft_request([1, 2], DraftArgs(min_count=5), s)
+    assert counted.params.min_count == 5
     with pytest.raises(ValueError):
         draft_request([[1, 2]], DraftArgs(), s)
     with pytest.raises(ValueError):
         insert_request([[-1]], s)
     assert [len(c) for c in chunks(list(range(10)), 4)] == [4, 4, 2]
+
+
+@pytest.mark.parametrize("kw", [dict(min_count=0), dict(min_count=-3)])
+def test_draft_args_need_min_count_at_least_one(kw):
+    with pytest.raises(ValueError, match="min_count"):
+        DraftArgs(**kw)
+
+
+def test_batch_requests_carry_min_count_in_every_item():
+    msg = batch_request([[1], [2, 3]], DraftArgs(min_count=7), ClientSettings())
+    assert [r.params.min_count for r in msg.requests] == [7, 7]
 
 
 # ------------------------------------------------------------------------- breaker

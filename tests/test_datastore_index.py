@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import datastore.index as index_mod
 from datastore.index import SuffixIndex, count_in, draft_from, pattern_range, split_children
-from datastore_naive import count, longest_match, make_index, reference_draft, stream
+from datastore_naive import backoff_length, count, longest_match, make_index, reference_draft, stream
 
 VOCAB = 5  # tiny: many repeats, many ties
 SETTINGS = settings(max_examples=80, deadline=None)
@@ -79,6 +79,34 @@ def test_draft_is_the_exact_best_first_trie(docs, context, budget, max_depth, ma
     want = reference_draft(docs, context, budget, max_depth, max_suffix, min_suffix)
     assert got.same_as(want), (got.paths(), want.paths())
     assert got.match_len == longest_match(docs, context, max_suffix, min_suffix) or len(context) < min_suffix
+
+
+@SETTINGS
+@given(docs=docs_st, context=context_st, cuts=st.lists(st.integers(0, 8), max_size=3),
+       budget=st.sampled_from([1, 5, 64]), max_suffix=st.integers(1, 9), min_suffix=st.integers(1, 3),
+       min_count=st.sampled_from([1, 2, 3, 5, 20]))
+def test_backoff_draft_is_the_brute_force_trie_of_the_longest_frequent_suffix(
+        docs, context, cuts, budget, max_suffix, min_suffix, min_count):
+    min_suffix = min(min_suffix, max_suffix)
+    shards = [make_index(g, VOCAB) for g in split_docs(docs, cuts)]  # counts summed over shards
+    got = draft_from(shards, context, budget, 5, max_suffix, min_suffix, min_count=min_count)
+    want = reference_draft(docs, context, budget, 5, max_suffix, min_suffix, min_count)
+    assert got.same_as(want), (got.paths(), want.paths())
+    if len(context) >= min_suffix:
+        assert got.match_len == backoff_length(docs, context, max_suffix, min_suffix, min_count)
+
+
+def test_backoff_prefers_a_frequent_shorter_suffix_and_falls_back_to_the_longest_match():
+    # [1, 2] is seen 3 times (always followed by 3), [0, 1, 2] once (followed by 4)
+    docs = [[0, 1, 2, 4], [1, 2, 3], [1, 2, 3]]
+    ix = make_index(docs, VOCAB)
+    assert draft_from([ix], [0, 1, 2], budget=1, max_depth=1).paths() == {(4,): 1}
+    backed = draft_from([ix], [0, 1, 2], budget=1, max_depth=1, min_count=3)
+    assert backed.match_len == 2 and backed.paths() == {(3,): 2}
+    rare = draft_from([ix], [0, 1, 2], budget=1, max_depth=1, min_count=4)  # [2] is seen 3 times
+    assert rare.match_len == 3 and rare.paths() == {(4,): 1}
+    whole = draft_from([ix], [0, 1, 2], budget=1, max_depth=1, max_suffix=3, min_count=3)
+    assert whole.match_len == 3 and whole.paths() == {(4,): 1}  # the whole window matched: kept
 
 
 @SETTINGS
@@ -166,7 +194,8 @@ def test_short_context_and_zero_budget_give_empty_trees():
 
 def test_bad_arguments_are_rejected():
     ix = make_index([[0, 1]], 2)
-    for kwargs in ({"budget": -1}, {"max_depth": 0}, {"min_suffix": 0}, {"min_suffix": 5, "max_suffix": 4}):
+    for kwargs in ({"budget": -1}, {"max_depth": 0}, {"min_suffix": 0}, {"min_suffix": 5, "max_suffix": 4},
+                   {"min_count": 0}):
         with pytest.raises(ValueError):
             draft_from([ix], [0], **kwargs)
     with pytest.raises(ValueError):

@@ -52,11 +52,12 @@ _param = st.one_of(st.none(), st.integers(0, 2**32 - 1))
 
 
 @settings(max_examples=100, deadline=None)
-@given(_param, _param, _param, _param, st.sampled_from([None, "static", "live", "both"]))
-def test_params_round_trip_keeps_unset_apart_from_zero(budget, depth, maxs, mins, tier):
-    msg = convert.params_to_proto(budget, depth, maxs, mins, tier)
+@given(_param, _param, _param, _param, st.sampled_from([None, "static", "live", "both"]), _param)
+def test_params_round_trip_keeps_unset_apart_from_zero(budget, depth, maxs, mins, tier, count):
+    msg = convert.params_to_proto(budget, depth, maxs, mins, tier, min_count=count)
     back = convert.params_from_proto(pb.DraftParams.FromString(msg.SerializeToString()))
-    assert back == dict(budget=budget, max_depth=depth, max_suffix=maxs, min_suffix=mins, tier=tier)
+    assert back == dict(budget=budget, max_depth=depth, max_suffix=maxs, min_suffix=mins,
+                        min_count=count, tier=tier)
 
 
 def test_params_reject_unknown_tier_and_bad_ids():
@@ -74,4 +75,6 @@ def test_draft_request_carries_context_params_and_fingerprint():
     msg = convert.draft_request(np.array([3, 1, 2], dtype=np.int64), fingerprint="ab", budget=7)
     assert list(msg.context) == [3, 1, 2] and msg.tokenizer_fingerprint == "ab"
     assert msg.params.budget == 7 and not msg.params.HasField("max_depth")
+    assert not msg.params.HasField("min_count")  # unset: the server default
+    assert convert.draft_request([1], min_count=5).params.min_count == 5
     assert convert.tokens_from_proto(msg.context).dtype == np.int64

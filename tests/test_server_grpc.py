@@ -81,7 +81,8 @@ def code_of(call) -> grpc.StatusCode:
 
 
 def test_draft_over_grpc_equals_in_process(stub, store, contexts):
-    params = [dict(), dict(budget=8, max_depth=3), dict(budget=200, max_suffix=4, min_suffix=2)]
+    params = [dict(), dict(budget=8, max_depth=3), dict(budget=200, max_suffix=4, min_suffix=2),
+              dict(budget=32, min_count=5)]
     nonempty = 0
     for i, ctx in enumerate(contexts):
         kw = params[i % len(params)]
@@ -124,6 +125,7 @@ def test_status_codes_for_bad_requests(stub, store):
         "depth 0": convert.draft_request([1], max_depth=0),
         "depth over": convert.draft_request([1], max_depth=limits.limit_depth + 1),
         "min > max suffix": convert.draft_request([1], max_suffix=2, min_suffix=3),
+        "min_count 0": convert.draft_request([1], min_count=0),
         "context too long": convert.draft_request([1] * (limits.limit_context + 1)),
         "unknown tier": pb.DraftRequest(context=[1], params=pb.DraftParams(tier=7)),
     }
@@ -141,6 +143,13 @@ def test_status_codes_for_bad_requests(stub, store):
         stub.DraftBatch(one_bad)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "requests[1].context[0]" in err.value.details()
+    err_text = pytest.raises(grpc.RpcError, stub.Draft, convert.draft_request([1], min_count=0))
+    assert "params.min_count = 0" in err_text.value.details()
+    zero_count = pb.DraftBatchRequest(requests=[convert.draft_request([1]),
+                                                convert.draft_request([1], min_count=0)])
+    err_text = pytest.raises(grpc.RpcError, stub.DraftBatch, zero_count)
+    assert err_text.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "requests[1].params.min_count" in err_text.value.details()
     # the tokenizer fingerprint: a mismatch is a precondition, the right one passes
     for call in (lambda: stub.Draft(convert.draft_request([1], fingerprint="0" * 64)),
                  lambda: stub.DraftBatch(pb.DraftBatchRequest(
@@ -201,7 +210,7 @@ def expected_code(req: pb.DraftRequest, vocab: int, fp: str) -> grpc.StatusCode:
     if (len(req.context) > s.limit_context or any(t >= vocab for t in req.context)
             or p.tier not in (0, 1, 2, 3) or not 1 <= budget <= s.limit_budget
             or not 1 <= depth <= s.limit_depth or not 1 <= max_s <= s.limit_context
-            or not 1 <= min_s <= max_s):
+            or not 1 <= min_s <= max_s or get("min_count", s.min_count) < 1):
         return grpc.StatusCode.INVALID_ARGUMENT
     if p.tier in (2, 3):
         return grpc.StatusCode.FAILED_PRECONDITION  # live tier disabled on this server
@@ -220,7 +229,7 @@ def requests(draw, vocab: int, fp: str, pool: list[list[int]]):
         context = context * (4097 // max(len(context), 1) + 1)
     req = pb.DraftRequest(context=context, params=pb.DraftParams(
         tier=draw(st.sampled_from([0, 0, 0, 1, 2, 3, 9]))))
-    for name in ("budget", "max_depth", "max_suffix", "min_suffix"):
+    for name in ("budget", "max_depth", "max_suffix", "min_suffix", "min_count"):
         value = draw(small)
         if value is not None:
             setattr(req.params, name, value)
@@ -361,7 +370,8 @@ def test_corrupt_store_stays_not_serving_and_answers_data_loss(corpus, tmp_path)
 
 def test_settings_are_validated():
     for bad in (dict(port=70000), dict(max_concurrent=0), dict(tls_cert="x"),
-                dict(budget=0), dict(min_suffix=5, max_suffix=4), dict(auth_token=" ")):
+                dict(budget=0), dict(min_suffix=5, max_suffix=4), dict(auth_token=" "),
+                dict(min_count=0)):
         with pytest.raises(ValueError):
             ServeSettings(**bad)
 

@@ -169,6 +169,7 @@ def test_server_merges_static_and_live_counts(tmp_path, smollm2_tokenizer):
     inserted = [encode(smollm2_tokenizer, text[i:i + 1500]) for i in range(0, len(text), 1500)]
     inserted.append(docs[0])  # also repeats a static document: counts must add up
     write_datastore(tmp_path / "both", docs + inserted, tokenizer_info(smollm2_tokenizer, "x"))
+    write_datastore(tmp_path / "live", inserted, tokenizer_info(smollm2_tokenizer, "x"))
     contexts = sample_contexts(smollm2_tokenizer, docs + inserted, 60, seed=5)
     with serve(tmp_path / "store", ServeSettings()) as handle:
         ch, stub = stub_for(handle.address)
@@ -177,12 +178,17 @@ def test_server_merges_static_and_live_counts(tmp_path, smollm2_tokenizer):
         assert (reply.sequences, reply.tokens) == (len(inserted), sum(map(len, inserted)))
         info = stub.Info(pb.InfoRequest())
         assert info.live_sequences == len(inserted)
-        with Datastore.open(tmp_path / "both") as both:
+        changed: set[str] = set()
+        with Datastore.open(tmp_path / "both") as both, \
+                Datastore.open(tmp_path / "live") as live_only:
             for ctx in contexts:
                 got = convert.tree_from_proto(stub.Draft(convert.draft_request(ctx)).tree)
                 assert got.same_as(both.draft(ctx)), ctx
                 static = stub.Draft(convert.draft_request(ctx, tier="static")).tree
                 assert convert.tree_from_proto(static).same_as(handle.state.store.draft(ctx))
+                changed |= check_min_count_per_tier(stub, ctx, both, handle.state.store,
+                                                    live_only)
+        assert changed == {"both", "static", "live"}
         # Insert validation
         vocab = handle.state.store.vocab_size
         bad = pb.InsertRequest(sequences=[pb.TokenSequence(tokens=[1]),
@@ -212,6 +218,20 @@ def test_server_merges_static_and_live_counts(tmp_path, smollm2_tokenizer):
 
 
 stored = [0]  # sequences acknowledged by test_server_merges_static_and_live_counts
+
+
+def check_min_count_per_tier(stub, ctx, both, static, live_only, k: int = 3) -> set[str]:
+    """min_count counts over exactly the tiers a draft reads: each tier's tree equals the
+    in-process one of a store holding just those tokens. -> the tiers where backing off changed
+    the tree (so the comparison shows min_count arrived)."""
+    changed = set()
+    for tier, reference in (("both", both), ("static", static), ("live", live_only)):
+        reply = stub.Draft(convert.draft_request(ctx, tier=tier, budget=32, min_count=k))
+        got = convert.tree_from_proto(reply.tree)
+        assert got.same_as(reference.draft(ctx, budget=32, min_count=k)), (tier, ctx)
+        if not got.same_as(reference.draft(ctx, budget=32)):
+            changed.add(tier)
+    return changed
 
 
 def check_random_inserts(stub, vocab: int, already: int) -> None:

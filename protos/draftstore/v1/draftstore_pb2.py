@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%protos/draftstore/v1/draftstore.proto\x12\rdraftstore.v1\"\r\n\x0bInfoRequest\"B\n\tTokenizer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\"\x97\x02\n\x0cInfoResponse\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12+\n\ttokenizer\x18\x02 \x01(\x0b\x32\x18.draftstore.v1.Tokenizer\x12\x0e\n\x06tokens\x18\x03 \x01(\x04\x12\x11\n\tdocuments\x18\x04 \x01(\x04\x12\x0e\n\x06shards\x18\x05 \x01(\r\x12\x13\n\x0btoken_dtype\x18\x06 \x01(\t\x12\x13\n\x0blive_tokens\x18\x07 \x01(\x04\x12\x16\n\x0elive_sequences\x18\x08 \x01(\x04\x12\x12\n\nmax_budget\x18\t \x01(\r\x12\x11\n\tmax_depth\x18\n \x01(\r\x12\x13\n\x0bmax_context\x18\x0b \x01(\r\x12\x11\n\tmax_batch\x18\x0c \x01(\r\"\xc6\x01\n\x0b\x44raftParams\x12\x13\n\x06\x62udget\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x16\n\tmax_depth\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x17\n\nmax_suffix\x18\x03 \x01(\rH\x02\x88\x01\x01\x12\x17\n\nmin_suffix\x18\x04 \x01(\rH\x03\x88\x01\x01\x12!\n\x04tier\x18\x05 \x01(\x0e\x32\x13.draftstore.v1.TierB\t\n\x07_budgetB\x0c\n\n_max_depthB\r\n\x0b_max_suffixB\r\n\x0b_min_suffix\"\x8d\x01\n\x0c\x44raftRequest\x12\x13\n\x07\x63ontext\x18\x01 \x03(\rB\x02\x10\x01\x12*\n\x06params\x18\x02 \x01(\x0b\x32\x1a.draftstore.v1.DraftParams\x12\"\n\x15tokenizer_fingerprint\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x18\n\x16_tokenizer_fingerprint\"[\n\tDraftTree\x12\x12\n\x06tokens\x18\x01 \x03(\rB\x02\x10\x01\x12\x13\n\x07parents\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\x12\n\x06\x63ounts\x18\x03 \x03(\x04\x42\x02\x10\x01\x12\x11\n\tmatch_len\x18\x04 \x01(\r\"7\n\rDraftResponse\x12&\n\x04tree\x18\x01 \x01(\x0b\x32\x18.draftstore.v1.DraftTree\"\x80\x01\n\x11\x44raftBatchRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.draftstore.v1.DraftRequest\x12\"\n\x15tokenizer_fingerprint\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x18\n\x16_tokenizer_fingerprint\"=\n\x12\x44raftBatchResponse\x12\'\n\x05trees\x18\x01 \x03(\x0b\x32\x18.draftstore.v1.DraftTree\"#\n\rTokenSequence\x12\x12\n\x06tokens\x18\x01 \x03(\rB\x02\x10\x01\"~\n\rInsertRequest\x12/\n\tsequences\x18\x01 \x03(\x0b\x32\x1c.draftstore.v1.TokenSequence\x12\"\n\x15tokenizer_fingerprint\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x18\n\x16_tokenizer_fingerprint\"3\n\x0eInsertResponse\x12\x11\n\tsequences\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\x04*K\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0f\n\x0bTIER_STATIC\x10\x01\x12\r\n\tTIER_LIVE\x10\x02\x12\r\n\tTIER_BOTH\x10\x03\x32\xad\x02\n\x0c\x44raftService\x12?\n\x04Info\x12\x1a.draftstore.v1.InfoRequest\x1a\x1b.draftstore.v1.InfoResponse\x12\x42\n\x05\x44raft\x12\x1b.draftstore.v1.DraftRequest\x1a\x1c.draftstore.v1.DraftResponse\x12Q\n\nDraftBatch\x12 .draftstore.v1.DraftBatchRequest\x1a!.draftstore.v1.DraftBatchResponse\x12\x45\n\x06Insert\x12\x1c.draftstore.v1.InsertRequest\x1a\x1d.draftstore.v1.InsertResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%protos/draftstore/v1/draftstore.proto\x12\rdraftstore.v1\"\r\n\x0bInfoRequest\"B\n\tTokenizer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\"\x97\x02\n\x0cInfoResponse\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12+\n\ttokenizer\x18\x02 \x01(\x0b\x32\x18.draftstore.v1.Tokenizer\x12\x0e\n\x06tokens\x18\x03 \x01(\x04\x12\x11\n\tdocuments\x18\x04 \x01(\x04\x12\x0e\n\x06shards\x18\x05 \x01(\r\x12\x13\n\x0btoken_dtype\x18\x06 \x01(\t\x12\x13\n\x0blive_tokens\x18\x07 \x01(\x04\x12\x16\n\x0elive_sequences\x18\x08 \x01(\x04\x12\x12\n\nmax_budget\x18\t \x01(\r\x12\x11\n\tmax_depth\x18\n \x01(\r\x12\x13\n\x0bmax_context\x18\x0b \x01(\r\x12\x11\n\tmax_batch\x18\x0c \x01(\r\"\xec\x01\n\x0b\x44raftParams\x12\x13\n\x06\x62udget\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x16\n\tmax_depth\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x17\n\nmax_suffix\x18\x03 \x01(\rH\x02\x88\x01\x01\x12\x17\n\nmin_suffix\x18\x04 \x01(\rH\x03\x88\x01\x01\x12!\n\x04tier\x18\x05 \x01(\x0e\x32\x13.draftstore.v1.Tier\x12\x16\n\tmin_count\x18\x06 \x01(\rH\x04\x88\x01\x01\x42\t\n\x07_budgetB\x0c\n\n_max_depthB\r\n\x0b_max_suffixB\r\n\x0b_min_suffixB\x0c\n\n_min_count\"\x8d\x01\n\x0c\x44raftRequest\x12\x13\n\x07\x63ontext\x18\x01 \x03(\rB\x02\x10\x01\x12*\n\x06params\x18\x02 \x01(\x0b\x32\x1a.draftstore.v1.DraftParams\x12\"\n\x15tokenizer_fingerprint\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x18\n\x16_tokenizer_fingerprint\"[\n\tDraftTree\x12\x12\n\x06tokens\x18\x01 \x03(\rB\x02\x10\x01\x12\x13\n\x07parents\x18\x02 \x03(\x05\x42\x02\x10\x01\x12\x12\n\x06\x63ounts\x18\x03 \x03(\x04\x42\x02\x10\x01\x12\x11\n\tmatch_len\x18\x04 \x01(\r\"7\n\rDraftResponse\x12&\n\x04tree\x18\x01 \x01(\x0b\x32\x18.draftstore.v1.DraftTree\"\x80\x01\n\x11\x44raftBatchRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.draftstore.v1.DraftRequest\x12\"\n\x15tokenizer_fingerprint\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x18\n\x16_tokenizer_fingerprint\"=\n\x12\x44raftBatchResponse\x12\'\n\x05trees\x18\x01 \x03(\x0b\x32\x18.draftstore.v1.DraftTree\"#\n\rTokenSequence\x12\x12\n\x06tokens\x18\x01 \x03(\rB\x02\x10\x01\"~\n\rInsertRequest\x12/\n\tsequences\x18\x01 \x03(\x0b\x32\x1c.draftstore.v1.TokenSequence\x12\"\n\x15tokenizer_fingerprint\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\x18\n\x16_tokenizer_fingerprint\"3\n\x0eInsertResponse\x12\x11\n\tsequences\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\x04*K\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0f\n\x0bTIER_STATIC\x10\x01\x12\r\n\tTIER_LIVE\x10\x02\x12\r\n\tTIER_BOTH\x10\x03\x32\xad\x02\n\x0c\x44raftService\x12?\n\x04Info\x12\x1a.draftstore.v1.InfoRequest\x1a\x1b.draftstore.v1.InfoResponse\x12\x42\n\x05\x44raft\x12\x1b.draftstore.v1.DraftRequest\x1a\x1c.draftstore.v1.DraftResponse\x12Q\n\nDraftBatch\x12 .draftstore.v1.DraftBatchRequest\x1a!.draftstore.v1.DraftBatchResponse\x12\x45\n\x06Insert\x12\x1c.draftstore.v1.InsertRequest\x1a\x1d.draftstore.v1.InsertResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,8 +41,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAFTTREE'].fields_by_name['counts']._serialized_options = b'\020\001'
   _globals['_TOKENSEQUENCE'].fields_by_name['tokens']._loaded_options = None
   _globals['_TOKENSEQUENCE'].fields_by_name['tokens']._serialized_options = b'\020\001'
-  _globals['_TIER']._serialized_start=1328
-  _globals['_TIER']._serialized_end=1403
+  _globals['_TIER']._serialized_start=1366
+  _globals['_TIER']._serialized_end=1441
   _globals['_INFOREQUEST']._serialized_start=56
   _globals['_INFOREQUEST']._serialized_end=69
   _globals['_TOKENIZER']._serialized_start=71
@@ -50,23 +50,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFORESPONSE']._serialized_start=140
   _globals['_INFORESPONSE']._serialized_end=419
   _globals['_DRAFTPARAMS']._serialized_start=422
-  _globals['_DRAFTPARAMS']._serialized_end=620
-  _globals['_DRAFTREQUEST']._serialized_start=623
-  _globals['_DRAFTREQUEST']._serialized_end=764
-  _globals['_DRAFTTREE']._serialized_start=766
-  _globals['_DRAFTTREE']._serialized_end=857
-  _globals['_DRAFTRESPONSE']._serialized_start=859
-  _globals['_DRAFTRESPONSE']._serialized_end=914
-  _globals['_DRAFTBATCHREQUEST']._serialized_start=917
-  _globals['_DRAFTBATCHREQUEST']._serialized_end=1045
-  _globals['_DRAFTBATCHRESPONSE']._serialized_start=1047
-  _globals['_DRAFTBATCHRESPONSE']._serialized_end=1108
-  _globals['_TOKENSEQUENCE']._serialized_start=1110
-  _globals['_TOKENSEQUENCE']._serialized_end=1145
-  _globals['_INSERTREQUEST']._serialized_start=1147
-  _globals['_INSERTREQUEST']._serialized_end=1273
-  _globals['_INSERTRESPONSE']._serialized_start=1275
-  _globals['_INSERTRESPONSE']._serialized_end=1326
-  _globals['_DRAFTSERVICE']._serialized_start=1406
-  _globals['_DRAFTSERVICE']._serialized_end=1707
+  _globals['_DRAFTPARAMS']._serialized_end=658
+  _globals['_DRAFTREQUEST']._serialized_start=661
+  _globals['_DRAFTREQUEST']._serialized_end=802
+  _globals['_DRAFTTREE']._serialized_start=804
+  _globals['_DRAFTTREE']._serialized_end=895
+  _globals['_DRAFTRESPONSE']._serialized_start=897
+  _globals['_DRAFTRESPONSE']._serialized_end=952
+  _globals['_DRAFTBATCHREQUEST']._serialized_start=955
+  _globals['_DRAFTBATCHREQUEST']._serialized_end=1083
+  _globals['_DRAFTBATCHRESPONSE']._serialized_start=1085
+  _globals['_DRAFTBATCHRESPONSE']._serialized_end=1146
+  _globals['_TOKENSEQUENCE']._serialized_start=1148
+  _globals['_TOKENSEQUENCE']._serialized_end=1183
+  _globals['_INSERTREQUEST']._serialized_start=1185
+  _globals['_INSERTREQUEST']._serialized_end=1311
+  _globals['_INSERTRESPONSE']._serialized_start=1313
+  _globals['_INSERTRESPONSE']._serialized_end=1364
+  _globals['_DRAFTSERVICE']._serialized_start=1444
+  _globals['_DRAFTSERVICE']._serialized_end=1745
 # @@protoc_insertion_point(module_scope)

@@ -61,18 +61,20 @@ class InfoResponse(_message.Message):
     def __init__(self, format_version: _Optional[int] = ..., tokenizer: _Optional[_Union[Tokenizer, _Mapping]] = ..., tokens: _Optional[int] = ..., documents: _Optional[int] = ..., shards: _Optional[int] = ..., token_dtype: _Optional[str] = ..., live_tokens: _Optional[int] = ..., live_sequences: _Optional[int] = ..., max_budget: _Optional[int] = ..., max_depth: _Optional[int] = ..., max_context: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
 
 class DraftParams(_message.Message):
-    __slots__ = ("budget", "max_depth", "max_suffix", "min_suffix", "tier")
+    __slots__ = ("budget", "max_depth", "max_suffix", "min_suffix", "tier", "min_count")
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     MAX_DEPTH_FIELD_NUMBER: _ClassVar[int]
     MAX_SUFFIX_FIELD_NUMBER: _ClassVar[int]
     MIN_SUFFIX_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    MIN_COUNT_FIELD_NUMBER: _ClassVar[int]
     budget: int
     max_depth: int
     max_suffix: int
     min_suffix: int
     tier: Tier
-    def __init__(self, budget: _Optional[int] = ..., max_depth: _Optional[int] = ..., max_suffix: _Optional[int] = ..., min_suffix: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
+    min_count: int
+    def __init__(self, budget: _Optional[int] = ..., max_depth: _Optional[int] = ..., max_suffix: _Optional[int] = ..., min_suffix: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., min_count: _Optional[int] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
     __slots__ = ("context", "params", "tokenizer_fingerprint")
