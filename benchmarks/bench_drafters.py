@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from benchmarks import decoding as bd
 from benchmarks import workloads as wl
+from decoder.drafters.retrieval import MIN_COUNT
 
 SOURCES = ("retrieval", "reference", "ngram", "lookahead", "recycle")
 METHODS = ("prompt_lookup", *SOURCES, "all")
@@ -205,7 +206,8 @@ def markdown(results: dict) -> str:
     lines = [
         "# Draft sources benchmark: each source alone and all together",
         "",
-        f"SmolLM2-135M-Instruct, greedy, {s['max_new_tokens']} new tokens, budget {s['budget']}. "
+        f"SmolLM2-135M-Instruct, greedy, {s['max_new_tokens']} new tokens, budget {s['budget']}, "
+        f"retrieval min_count {s.get('retrieval_min_count', 1)}. "
         f"Code store: {results['stores']['code']['which']} ({results['stores']['code']['tokens'] or '?'} tokens); "
         f"chat store: {results['stores']['chat']['path']} ({results['stores']['chat']['tokens'] or '?'} tokens). "
         f"Machine: {m['cpus']} CPUs, {m['processor']}, load average {m['load_average_1min']} at start (shared; "
@@ -286,7 +288,7 @@ def run(settings: DraftersBenchSettings) -> dict:
         "benchmark": "drafters", "created": bd.now(), "machine": bd.machine(),
         "settings": {"max_new_tokens": settings.max_new_tokens, "dtypes": list(settings.dtypes),
                      "methods": list(settings.methods), "budget": settings.budget, "model": "smollm2",
-                     "prompt_lookup_num_tokens": 10},
+                     "prompt_lookup_num_tokens": 10, "retrieval_min_count": MIN_COUNT},
         "stores": {"code": {"path": str(code_dir), "which": which, "tokens": bd.store_tokens(stores["code"])},
                    "chat": {"path": str(chat_dir), "tokens": bd.store_tokens(stores["chat"])}},
         "targets": TARGETS,

@@ -139,6 +139,14 @@ def position_gaps(model, prompt: Sequence[int], output: Sequence[int]) -> np.nda
     return (top[:, 0] - top[:, 1]).cpu().numpy()
 
 
+NEAR_TIE_STEPS = 2  # a divergence whose two tokens' logits are this many rounding steps apart or less
+
+
+def rounding_step(value: float, dtype: torch.dtype) -> float:
+    """Spacing of representable numbers of `dtype` at |value| (bf16: 8 significant bits)."""
+    return float(torch.finfo(dtype).eps * 2.0 ** np.floor(np.log2(max(abs(value), 1e-30))))
+
+
 @torch.inference_mode()
 def divergence(model, prompt: Sequence[int], base: Sequence[int], spec: Sequence[int],
                gaps: np.ndarray | None = None) -> dict | None:
@@ -158,9 +166,14 @@ def divergence(model, prompt: Sequence[int], base: Sequence[int], spec: Sequence
         "top2_tokens": [int(t) for t in top2.indices.tolist()],
         "top2_gap": float(top2.values[0] - top2.values[1]),
     }
+    out["top_logit"] = float(top2.values[0])
     if out["greedy_token"] is not None and out["speculative_token"] is not None:
         out["gap_between_the_two"] = float(logits[out["greedy_token"]] - logits[out["speculative_token"]])
         out["both_in_top2"] = {out["greedy_token"], out["speculative_token"]} <= set(out["top2_tokens"])
+        # In the model's dtype, logits near the top are multiples of one rounding step; a gap of
+        # a step or two is what two summation orders (chunked vs one token) can produce.
+        out["gap_in_rounding_steps"] = abs(out["gap_between_the_two"]) / rounding_step(out["top_logit"], model.dtype)
+        out["near_tie"] = out["both_in_top2"] or out["gap_in_rounding_steps"] <= NEAR_TIE_STEPS
     if gaps is not None and gaps.size:
         out["gap_percentile"] = float((gaps < out["top2_gap"]).mean() * 100)
     return out
@@ -174,6 +187,8 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def _json_default(obj):
+    if isinstance(obj, np.bool_):
+        return bool(obj)
     if isinstance(obj, (np.integer,)):
         return int(obj)
     if isinstance(obj, (np.floating,)):

@@ -2,6 +2,7 @@
 
     python -m benchmarks.plot benchmarks/results/decode.json      # -> decode.png beside it
     python -m benchmarks.plot benchmarks/results/drafters.json
+    python -m benchmarks.plot benchmarks/results/ceiling.json
 """
 from __future__ import annotations
 
@@ -35,13 +36,19 @@ def plot_decode(results: dict, out: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     curves = {d: results["dtypes"][d]["latency_curve_seconds"] or {} for d in dtypes}
     _curve_panel(a, curves)
-    x = range(len(dtypes))
-    tps = [results["dtypes"][d]["summary"]["tokens_per_step"] for d in dtypes]
-    spd = [results["dtypes"][d]["summary"]["speedup"] for d in dtypes]
+    runs = []  # (label, summary): budget auto per dtype, then any fixed-budget pass
+    for d in dtypes:
+        r = results["dtypes"][d]
+        runs.append((d, r["summary"]))
+        if "fixed_budget" in r:
+            runs.append((f"{d}\nbudget {r['fixed_budget']['budget']}", r["fixed_budget"]["summary"]))
+    x = range(len(runs))
+    tps = [m["tokens_per_step"] for _, m in runs]
+    spd = [m["speedup"] for _, m in runs]
     b.bar([i - 0.2 for i in x], tps, width=0.4, label="tokens/step")
     b.bar([i + 0.2 for i in x], spd, width=0.4, label="speed-up vs plain greedy")
     b.axhline(1.0, color="grey", lw=0.8)
-    b.set_xticks(list(x), dtypes)
+    b.set_xticks(list(x), [label for label, _ in runs])
     b.set_title("retrieval-only speculative decoding, HumanEval")
     b.legend()
     for i, (t, s) in enumerate(zip(tps, spd)):
@@ -78,6 +85,30 @@ def plot_drafters(results: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def plot_ceiling(results: dict, out: Path) -> None:
+    """Replayed retrieval drafts: tokens/step and modeled speed-up against the fixed budget."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for m, r in results["by_min_count"].items():
+        budgets = sorted(int(k) for k in r["fixed"])
+        a.plot(budgets[1:], [r["fixed"][str(k)]["tokens_per_step"] for k in budgets[1:]], marker="o",
+               label=f"min_count {m}")
+        b.plot(budgets[1:], [r["fixed"][str(k)]["modeled_speedup"] for k in budgets[1:]], marker="o",
+               label=f"min_count {m}")
+    for ax, title in ((a, "tokens/step of B-node retrieval tries"),
+                      (b, "modeled speed-up on this CPU's fp32 curve")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tree budget B (nodes)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    a.axhline(1.8, color="grey", lw=0.8, ls="--")
+    b.axhline(1.3, color="grey", lw=0.8, ls="--")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -94,6 +125,8 @@ def main(argv=None) -> int:
         plot_decode(results, path.with_suffix(".png"))
     elif kind == "drafters":
         plot_drafters(results, path.with_suffix(".png"))
+    elif kind == "ceiling":
+        plot_ceiling(results, path.with_suffix(".png"))
     else:
         print(f"plot: {path}: unknown benchmark {kind!r}", file=sys.stderr)
         return 2
