@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
+from decoder.drafters.retrieval import MIN_COUNT
 from protos.channel import read_token_file
 
 DRAFTER_NAMES = ("retrieval", "reference", "ngram", "lookahead", "recycle")
@@ -83,6 +84,7 @@ class GenerateSettings(ModelSettings):
     address: str | None = None
     auth_token_file: str | None = None
     draft_timeout: float = 0.05  # deadline of one Draft call; a late draft is skipped, never awaited
+    min_count: int = MIN_COUNT  # retrieval: back off to the longest context suffix seen this often
     prompt: str | None = None
     prompt_file: str | None = None
     chat: bool = False
@@ -115,6 +117,8 @@ class GenerateSettings(ModelSettings):
             raise UsageError("--insert-output feeds a server's live tier: it needs --address")
         if self.auth_token_file is not None and self.address is None:
             raise UsageError("--auth-token-file is for a server: it needs --address")
+        if self.min_count < 1:
+            raise UsageError(f"--min-count must be >= 1, got {self.min_count}")
         if not self.draft_timeout > 0:
             raise UsageError(f"--draft-timeout must be > 0 seconds, got {self.draft_timeout}")
         if self.max_new_tokens < 1:
@@ -174,7 +178,8 @@ def build_decoder(settings: GenerateSettings):
         decoder = SpeculativeDecoder.from_pretrained(
             settings.model, gguf_file=settings.gguf_file, drafters=settings.drafters,
             budget=settings.budget, device=settings.device, dtype=settings.dtype,
-            packed_linears=settings.packed_linears, **source,
+            packed_linears=settings.packed_linears,
+            drafter_options={"retrieval": {"min_count": settings.min_count}}, **source,
         )
     except (DatastoreError, TokenizerSpecError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from None
@@ -341,6 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--draft-timeout", type=float, default=0.05,
                      help="seconds one Draft call to --address may take (default 0.05); a late or "
                           "failed draft is skipped and counted, decoding never waits on the server")
+    src.add_argument("--min-count", type=int, default=MIN_COUNT,
+                     help=f"retrieval drafts grow from the longest context suffix the datastore holds "
+                          f"at least this often, unless the whole 16-token window matches (default "
+                          f"{MIN_COUNT}; 1 = the longest match, however rare): a short match seen once "
+                          f"drafts one document's continuation, which the model rarely follows")
     src.add_argument("--drafters", default="retrieval",
                      help=f"comma-separated sources, any of {','.join(DRAFTER_NAMES)} (default: retrieval)")
     src.add_argument("--reference", dest="references", action="append", default=[],

@@ -20,6 +20,10 @@ class Row:
         self.done = False
         self.stats = GenerationStats()
         self.failures0 = 0
+        # Draft tokens accepted vs expected by the calibrated estimates, over this row's recent
+        # steps (decayed sums): how far this prompt departs from what calibration learnt overall.
+        self.accepted_recent = 0.0
+        self.expected_recent = 0.0
 
     @property
     def context(self) -> np.ndarray:
@@ -28,6 +32,14 @@ class Row:
     @property
     def output(self) -> np.ndarray:
         return self.buf[self.prompt_len : self.length]
+
+    def trust(self, prior: float) -> float:
+        """Factor on this row's path probabilities: (accepted + prior) / (expected + prior)."""
+        return (self.accepted_recent + prior) / (self.expected_recent + prior)
+
+    def observe_step(self, expected: float, accepted: int, decay: float) -> None:
+        self.expected_recent = decay * self.expected_recent + expected
+        self.accepted_recent = decay * self.accepted_recent + accepted
 
     @property
     def remaining(self) -> int:

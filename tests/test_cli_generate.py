@@ -133,6 +133,7 @@ def test_unknown_drafter(setup, capsys):
     (["--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
     (["--prompt", "x", "--temperature", "0.7", "--compare"], "--compare"),
     (["--prompt", "x", "--top-p", "1.5"], "--top-p"),
+    (["--prompt", "x", "--min-count", "0"], "--min-count"),
     (["--prompt", "x", "--insert-output"], "--address"),
     (["--prompt", "x", "--address", "127.0.0.1:1"], "not both"),
 ])

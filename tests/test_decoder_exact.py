@@ -149,3 +149,30 @@ def test_unprofitable_side_branch_rides_only_to_explore(case):
     assert len(side.results) == len(rode) and {sizes[i] for i in rode} == {6}
     first = SIDE_EXPLORE[0]
     assert rode == [first, 2 * first + first + 1]  # 8 skipped, rides; 16 skipped, rides
+
+
+def test_a_row_whose_drafts_keep_failing_stops_paying_for_trees(case, monkeypatch):
+    """budget=auto with calibration off: a row's own record (accepted vs expected draft tokens)
+    scales its probabilities, so always-wrong drafts soon get no nodes, but for occasional retries
+    as that record decays; without it every step keeps a node. Outputs stay exact."""
+    import decoder.speculative as spec
+    from decoder.cost import CostModel
+
+    model, ps, full = case
+    n = 40
+    want = greedy(model, ps[0], n + 8)
+
+    def budgets():
+        dec = SpeculativeDecoder(model, StubTokenizer(), [OracleDrafter({0: ps[0] + want}, "wrong")],
+                                 DecoderSettings(budget="auto", calibrate=False))
+        dec.cost = CostModel({1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4, 16: 4.0})
+        g = dec.generate(ps[0], max_new_tokens=n)
+        assert g.token_ids == want[:n]
+        return g.stats.budgets
+
+    with_trust = budgets()
+    assert with_trust[0] >= 1 and sum(b == 0 for b in with_trust) >= n // 4, with_trust
+    assert any(b > 0 for b in with_trust[n // 2:]), with_trust  # retried as the record decays
+    monkeypatch.setattr(spec, "TRUST_PRIOR", 1e9)  # trust pinned at 1: calibration alone decides
+    pinned = budgets()
+    assert sum(b == 0 for b in pinned) <= 1, pinned  # the last step has no room for a draft

@@ -64,10 +64,10 @@ class FlakyRemote:
     def info(self):
         return {"tokenizer": self.store.tokenizer}
 
-    def draft(self, context, budget, max_depth, max_suffix, min_suffix):
+    def draft(self, context, budget, max_depth, max_suffix, min_suffix, min_count):
         self.calls += 1
         if self.calls <= self.good:
-            return self.store.draft(context, budget, max_depth, max_suffix, min_suffix)
+            return self.store.draft(context, budget, max_depth, max_suffix, min_suffix, min_count=min_count)
         if self.mode == "raise":
             raise ConnectionError("server gone")
         self.failures += 1
@@ -100,6 +100,27 @@ def test_make_drafters_errors(world):
         make_drafters(["retrieval"], datastore=str(path), address="127.0.0.1:1")
     (d,) = make_drafters("retrieval", datastore=str(path), retrieval={"max_suffix": 8})
     assert isinstance(d, RetrievalDrafter) and d.max_suffix == 8
+
+
+def test_min_count_reaches_the_datastore_and_decoding_stays_exact(world):
+    """The drafter's min_count is the datastore's: its trees are Datastore.draft(min_count=k)'s, and
+    they differ from the longest match's on some context of this store; every decode is exact."""
+    model, ps, outs, path = world
+    from datastore.store import Datastore
+
+    with Datastore.open(path) as ds:
+        contexts = [np.asarray(p + o[:j], dtype=np.int64) for p, o in zip(ps, outs) for j in (0, 3, 9)]
+        for k in (1, 3):
+            d = RetrievalDrafter(ds, min_count=k)
+            got = [d.propose(0, c, 16, 6) for c in contexts]
+            assert all(g.same_as(ds.draft(c[-16:], 16, 6, min_count=k)) for g, c in zip(got, contexts))
+        rare = RetrievalDrafter(ds, min_count=1)
+        backed = RetrievalDrafter(ds, min_count=3)
+        assert any(backed.propose(0, c, 16, 6).match_len < rare.propose(0, c, 16, 6).match_len for c in contexts)
+        dec = SpeculativeDecoder(model, StubTokenizer(), [backed], DecoderSettings(budget=12))
+        assert [dec.generate(p, max_new_tokens=N).token_ids for p in ps] == [o[:N] for o in outs]
+    with pytest.raises(ValueError, match="min_count"):
+        RetrievalDrafter(None, min_count=0)
 
 
 def test_settings_validation():
