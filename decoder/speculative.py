@@ -289,7 +289,18 @@ class SpeculativeDecoder:
 
     def _budget(self, merged: MergedTree, n_side: int, row: Row) -> tuple[int, bool, float]:
         """-> (tree nodes to keep, whether the side branch rides along, draft tokens the
-        calibrated estimates expect from those nodes).
+        calibrated estimates expect from those nodes; 0 with a fixed budget, where the row's
+        trust steers nothing)."""
+        limit = self.settings.max_tree
+        if self.settings.budget != "auto":
+            return min(int(self.settings.budget), limit), True, 0.0
+        calibrated = sorted_path_probs(merged, limit)  # [<= limit] descending
+        p = np.minimum(calibrated * min(row.trust(TRUST_PRIOR), TRUST_MAX), 1.0)
+        n, with_side = self._auto_budget(p, n_side, limit)
+        return n, with_side, float(calibrated[:n].sum())
+
+    def _auto_budget(self, p: np.ndarray, n_side: int, limit: int) -> tuple[int, bool]:
+        """The cost model's choice for path probabilities p [<= limit] descending.
 
         The side branch (a lookahead window) costs its tokens in every forward it rides in and
         pays back later through the n-grams it harvests: it goes when the cost model, crediting
@@ -298,24 +309,18 @@ class SpeculativeDecoder:
         estimate stays fresh; that interval doubles (up to SIDE_EXPLORE[1]) while only exploration
         sends it and resets once it pays: lookahead alone on code cost 11% with a fixed 8.
         """
-        limit = self.settings.max_tree
-        calibrated = sorted_path_probs(merged, limit)  # [<= limit] descending
-        if self.settings.budget != "auto":
-            n = min(int(self.settings.budget), limit)
-            return n, True, float(calibrated[:n].sum())
-        p = np.minimum(calibrated * min(row.trust(TRUST_PRIOR), TRUST_MAX), 1.0)
         n0, rate0 = self.cost.best(p, 0, limit)
         if n_side == 0:
-            return n0, False, float(calibrated[:n0].sum())
+            return n0, False
         n1, rate1 = self.cost.best(p, n_side, limit, bonus=self._side_gain)
         pays = rate1 > rate0
         if pays or self._steps_without_side >= self._explore_after:
             lo, hi = SIDE_EXPLORE
             self._explore_after = lo if pays else min(2 * self._explore_after, hi)
             self._steps_without_side = 0
-            return n1, True, float(calibrated[:n1].sum())
+            return n1, True
         self._steps_without_side += 1
-        return n0, False, float(calibrated[:n0].sum())
+        return n0, False
 
     def _accept(self, plans, logits, argmax, temperature, top_p, gen) -> list[np.ndarray]:
         """Verify each row, commit its tokens, run the per-row hooks; -> new slots to keep per row."""
