@@ -33,6 +33,7 @@ import numpy as np
 
 from benchmarks import decoding as bd
 from benchmarks.workloads import encode, humaneval
+from decoder.cost import CostModel
 
 BUDGETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
 MIN_COUNTS = (1, 4, 16, 64)
@@ -164,11 +165,10 @@ def run(decode_json: Path, out: Path) -> dict:
         raise SystemExit(f"bench_ceiling: {decode_json} has no float32 run")
     machine, created = bd.machine(), bd.now()  # before the curve: the load it was measured under
     curve = measure_curve()
-    qs = np.array(sorted(curve), dtype=np.float64)
-    ts = np.array([curve[int(q)] for q in qs])
+    model = CostModel(curve)
 
     def cost(q: float) -> float:
-        return float(np.interp(q, qs, ts))
+        return float(model.latency(q))
 
     store = Datastore.open(decode["datastore"]["path"], verify=False)
     tok = load_tokenizer("smollm2")
