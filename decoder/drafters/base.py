@@ -2,12 +2,15 @@
 
 Lifecycle for one decode (rows are sequences of a batch, 0..batch-1; a single decode is row 0):
   begin(row, prompt, references)           once per row before the first step
-  propose(row, context, budget, max_depth) every step -> DraftTree (may be empty)
+  propose(row, context, budget, max_depth) every step -> DraftTree (may be empty); the decoder
+                                           calls propose_batch(rows, contexts, budget, depths)
+                                           once a step for all rows (default: a loop of propose)
   side_branch(row)                         every step, optional extra tokens decoded in the same
                                            forward (Jacobi lookahead); None for most drafters
   side_result(row, argmax)                 after the forward, the model's argmax at those tokens
   observe(row, accepted)                   after verification: tokens appended to the output this
-                                           step (the accepted draft path plus the bonus token)
+                                           step (the accepted draft path plus the bonus token);
+                                           called as observe_batch(rows, accepted) for all rows
   observe_topk(tokens, topk)               after the forward, only when `topk > 0`: for every
                                            verified position, its input token and the model's
                                            top-k next tokens (Token Recycling)
@@ -59,6 +62,12 @@ class Drafter:
         """context: [c] int64, prompt + output so far. Returns <= budget nodes, depth <= max_depth."""
         return DraftTree.empty(self.name)
 
+    def propose_batch(self, rows: Sequence[int], contexts: Sequence[np.ndarray], budget: int,
+                      max_depths: Sequence[int]) -> list[DraftTree]:
+        """One tree per row (rows: row ids; contexts[i]: [c_i] int64; max_depths[i] >= 1).
+        Sources that can draft all rows in one call (a datastore batch, a table gather) override it."""
+        return [self.propose(r, c, budget, int(d)) for r, c, d in zip(rows, contexts, max_depths)]
+
     def side_branch(self, row: int) -> SideBranch | None:
         return None
 
@@ -67,6 +76,11 @@ class Drafter:
 
     def observe(self, row: int, accepted: np.ndarray) -> None:
         """accepted: [a] int64, a >= 1, appended to the row's output this step."""
+
+    def observe_batch(self, rows: Sequence[int], accepted: Sequence[np.ndarray]) -> None:
+        """accepted[i]: [a_i] int64, the tokens rows[i] committed this step."""
+        for r, a in zip(rows, accepted):
+            self.observe(r, a)
 
     def observe_topk(self, tokens: np.ndarray, topk: np.ndarray) -> None:
         """tokens: [n] int64; topk: [n, k] int64, best first."""
