@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast bench clean peers
 
 install: $(STAMP)
 
@@ -26,6 +26,11 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest
+
+# SuffixDecoding's C++ suffix tree (arctic-inference sdist, csrc/suffix_decoding) for bench_drafters'
+# peer column; downloads from PyPI and needs cmake + a C++20 compiler. Nothing else needs it.
+peers: install
+	$(PY) -m benchmarks.peers.build_suffix
 
 clean:
 	rm -rf $(VENV) build *.egg-info datastore/*.so
