@@ -46,18 +46,6 @@ def ancestor_matrix(parents: np.ndarray, depths: np.ndarray) -> np.ndarray:
     return anc
 
 
-def row_block(row: RowInput, q: int) -> np.ndarray:
-    """[q, q] bool: which new slots each new slot attends."""
-    n, m = int(row.tokens.shape[0]), row.n_side
-    block = np.zeros((q, q), dtype=bool)
-    block[np.arange(q), np.arange(q)] = True  # padding attends itself only: no empty softmax
-    block[: 1 + n + m, 0] = True  # everything sees the last committed token
-    block[1 : 1 + n, 1 : 1 + n] = ancestor_matrix(row.parents, row.depths)
-    if m:
-        block[1 + n : 1 + n + m, 1 + n : 1 + n + m] = row.side.mask
-    return block
-
-
 def build_inputs(
     rows: list[RowInput], valid: torch.Tensor, dtype: torch.dtype, device: torch.device, pad_id: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -65,28 +53,72 @@ def build_inputs(
 
     valid: [B, S] bool, the cache slots each row may attend.
     """
-    b = len(rows)
+    sizes = np.asarray([r.tokens.shape[0] for r in rows], dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(sizes)))
+    local = np.concatenate([r.parents for r in rows] or [np.zeros(0)]).astype(np.int64)
+    row = np.repeat(np.arange(len(rows)), sizes)
+    tree = TreeSlots(
+        tokens=np.concatenate([r.tokens for r in rows] or [np.zeros(0)]).astype(np.int64),
+        parents=np.where(local >= 0, local + starts[row], -1),
+        depths=np.concatenate([r.depths for r in rows] or [np.zeros(0)]).astype(np.int64),
+        row=row, starts=starts,
+    )
+    roots = np.asarray([r.root for r in rows], dtype=np.int64)
+    bases = np.asarray([r.base for r in rows], dtype=np.int64)
+    return build_batch(roots, bases, tree, [r.side for r in rows], valid, dtype, device, pad_id)[:3]
+
+
+@dataclass(frozen=True)
+class TreeSlots:
+    """Every row's tree nodes, flat: row r owns starts[r]:starts[r+1], in level order."""
+
+    tokens: np.ndarray  # [k] int64
+    parents: np.ndarray  # [k] int64 index into these arrays, -1 = the row's root
+    depths: np.ndarray  # [k] int64 >= 1
+    row: np.ndarray  # [k] int64
+    starts: np.ndarray  # [B + 1] int64
+
+
+def build_batch(
+    roots: np.ndarray, bases: np.ndarray, tree: TreeSlots, sides: list, valid: torch.Tensor,
+    dtype: torch.dtype, device: torch.device, pad_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """build_inputs from flat arrays: roots/bases [B] int64 (last committed token, its position),
+    sides: [B] SideBranch or None. Vectorised over rows; a Python step per side branch only.
+    -> build_inputs' three tensors, then the input ids on the host ([B, q] int64 numpy)."""
+    b = roots.shape[0]
     assert valid.dim() == 2 and valid.shape[0] == b, f"valid must be [{b}, S], got {tuple(valid.shape)}"
-    q = max(r.width for r in rows)
+    n = np.diff(tree.starts)  # [B]
+    m = np.asarray([0 if s is None else int(s.tokens.shape[0]) for s in sides], dtype=np.int64)  # [B]
+    q = int((1 + n + m).max())
+    slot = 1 + np.arange(tree.tokens.shape[0]) - tree.starts[tree.row]  # [k] 1 + local index
     ids = np.full((b, q), pad_id, dtype=np.int64)
-    pos = np.zeros((b, q), dtype=np.int64)
+    ids[:, 0] = roots
+    ids[tree.row, slot] = tree.tokens
+    pos = np.repeat(bases[:, None], q, axis=1)  # [B, q]; padding sits at the root's position
+    pos[tree.row, slot] = bases[tree.row] + tree.depths
+    real = np.arange(q)[None, :] < (1 + n + m)[:, None]  # [B, q]
     block = np.zeros((b, q, q), dtype=bool)
-    real = np.zeros((b, q), dtype=bool)  # non-padding slots
-    for i, r in enumerate(rows):  # per row, not per token
-        n, m = int(r.tokens.shape[0]), r.n_side
-        ids[i, 0], ids[i, 1 : 1 + n] = r.root, r.tokens
-        pos[i, :] = r.base
-        pos[i, 1 : 1 + n] = r.base + r.depths
-        if m:
-            ids[i, 1 + n : 1 + n + m] = r.side.tokens
-            pos[i, 1 + n : 1 + n + m] = r.base + r.side.depths
-        block[i] = row_block(r, q)
-        real[i, : 1 + n + m] = True
+    block[:, np.arange(q), np.arange(q)] = True  # padding attends itself only: no empty softmax
+    block[:, :, 0] |= real  # everything real sees the last committed token
+    up = tree.parents.copy()
+    while True:  # each node attends its ancestors: one pass per depth, over every row at once
+        live = np.flatnonzero(up >= 0)
+        if not live.shape[0]:
+            break
+        block[tree.row[live], slot[live], slot[up[live]]] = True
+        up[live] = tree.parents[up[live]]
+    for i in np.flatnonzero(m):  # side branches (lookahead): per riding row
+        side, lo = sides[i], 1 + int(n[i])
+        hi = lo + int(m[i])
+        ids[i, lo:hi] = side.tokens
+        pos[i, lo:hi] = bases[i] + side.depths
+        block[i, lo:hi, lo:hi] = side.mask
     real_t = torch.from_numpy(real).to(device)
     prefix = valid.to(device)[:, None, :] & real_t[:, :, None]  # [B, q, S]
     allowed = torch.cat([prefix, torch.from_numpy(block).to(device)], dim=2)  # [B, q, S+q]
     mask = additive(allowed, dtype)
-    return torch.from_numpy(ids).to(device), torch.from_numpy(pos).to(device), mask
+    return torch.from_numpy(ids).to(device), torch.from_numpy(pos).to(device), mask, ids
 
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

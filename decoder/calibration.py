@@ -57,24 +57,38 @@ class Calibration:
         return np.clip(f, 0.0, self.settings.max_factor)
 
     def update(self, tree: MergedTree, visited: np.ndarray, next_tokens: np.ndarray) -> None:
-        """visited: [v] merged node indices the model went through, -1 = root, in path order;
-        next_tokens: [v] the token the model chose after each (the accepted tokens + bonus)."""
-        if not self.settings.enabled or not len(tree):
-            return
+        """One row: visited: [v] merged node indices the model went through, -1 = root, in path
+        order; next_tokens: [v] the token the model chose after each (the accepted tokens + bonus)."""
         assert visited.shape == next_tokens.shape, "visited/next_tokens shapes"
         chosen = np.full(len(tree) + 1, -1, dtype=np.int64)  # [n+1] slot 0 = root
         chosen[visited + 1] = next_tokens
-        after = chosen[tree.parents + 1]  # [n] the model's token after this node's parent
+        self.update_rows(tree, chosen[tree.parents + 1])
+
+    def update_rows(self, tree: MergedTree, after: np.ndarray) -> None:
+        """Every row of a step at once. after: [n] int64 the model's token after each node's
+        parent, -1 where the model did not go through the parent (the node is untested).
+
+        Each row with a tested node decays the sums once, in row order, as separate updates would:
+        row r's outcomes are weighted by decay ** (rows updating after r)."""
+        if not self.settings.enabled or not len(tree):
+            return
+        assert after.shape == (len(tree),), "after must be [n]"
         tested = after >= 0
         if not tested.any():
             return
-        hit = (tree.tokens == after)[tested].astype(np.float64)  # [t]
+        row = tree.row[tested]  # [t]
+        updating = np.zeros(tree.rows, dtype=np.int64)
+        updating[row] = 1
+        u = int(updating.sum())
+        decay = self.settings.decay
+        weight = decay ** (u - np.cumsum(updating))  # [B]
+        hit = (tree.tokens[tested] == after[tested]).astype(np.float64)  # [t]
         raw = tree.raw_p[tested]  # [t, S]
-        present = raw > 0
         col = np.minimum(tree.depths[tested], self.settings.depths) - 1  # [t]
-        self.predicted *= self.settings.decay
-        self.hits *= self.settings.decay
-        s_idx, n_idx = np.nonzero(present.T)  # every (source, tested node) pair
+        self.predicted *= decay**u
+        self.hits *= decay**u
+        s_idx, n_idx = np.nonzero((raw > 0).T)  # every (source, tested node) pair
         cell = (s_idx, col[n_idx], tree.bins[tested][n_idx, s_idx])
-        np.add.at(self.predicted, cell, raw[n_idx, s_idx])
-        np.add.at(self.hits, cell, hit[n_idx])
+        w = weight[row[n_idx]]
+        np.add.at(self.predicted, cell, raw[n_idx, s_idx] * w)
+        np.add.at(self.hits, cell, hit[n_idx] * w)

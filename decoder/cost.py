@@ -91,8 +91,18 @@ class CostModel:
         """-> (nodes to keep, expected tokens per second). bonus: tokens the `extra` side tokens
         are expected to bring beyond the tree (lookahead's harvest), added to every choice."""
         limit = path_p_sorted.shape[0] if max_nodes is None else min(max_nodes, path_p_sorted.shape[0])
-        gain = 1.0 + bonus + np.concatenate(([0.0], np.cumsum(path_p_sorted[:limit])))  # [limit + 1]
-        n = np.arange(limit + 1)
-        rate = gain / self.latency(1 + n + extra)
-        best = int(np.argmax(rate))  # first maximum: the smaller tree on ties
-        return best, float(rate[best])
+        n, rate = self.best_rows(path_p_sorted[None, :limit], np.asarray([limit]), extra, bonus)
+        return int(n[0]), float(rate[0])
+
+    def best_rows(self, p: np.ndarray, lengths: np.ndarray, extra: int = 0,
+                  bonus: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """best() for B rows at once. p: [B, L] each row's path probabilities descending, only
+        the first lengths[r] of row r count -> (nodes [B] int64, tokens per second [B])."""
+        b, width = p.shape
+        assert lengths.shape == (b,), f"lengths must be [{b}], got {lengths.shape}"
+        gain = 1.0 + bonus + np.concatenate((np.zeros((b, 1)), np.cumsum(p, axis=1)), axis=1)  # [B, L+1]
+        n = np.arange(width + 1)
+        rate = gain / self.latency(1 + n + extra)[None, :]  # [B, L+1]
+        rate[n[None, :] > lengths[:, None]] = -np.inf
+        best = np.argmax(rate, axis=1)  # first maximum: the smaller tree on ties
+        return best.astype(np.int64), rate[np.arange(b), best]

@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from decoder import kv
-from decoder.attention import RowInput, build_inputs, prefill_inputs
+from decoder.attention import TreeSlots, build_batch, prefill_inputs
 from decoder.calibration import Calibration
 from decoder.cost import CostModel, measure_latency
 from decoder.drafters.base import Drafter, SideBranch
 from decoder.rows import Row
 from decoder.stats import DecoderSettings, Generation, GenerationStats
-from decoder.tree import MergedTree, merge_trees, select_top, sorted_path_probs, subtree
-from decoder.verify import greedy_accept, sample_accept
+from decoder.timing import PhaseTimer
+from decoder.tree import Kept, MergedTree, kept_nodes, merge_rows, ranked, select_rows
+from decoder.verify import greedy_accept_rows, sample_accept
 
 SIDE_EXPLORE = (8, 64)  # a skipped side branch rides again after 8 steps, 16, 32 ... 64 while it does not pay
 SIDE_GAIN_RATE = 0.1  # EMA rate of the side branch's yield (~10 steps of memory)
@@ -72,17 +74,19 @@ def merge_side(branches: list[SideBranch | None]) -> tuple[SideBranch | None, li
     return SideBranch(tokens, depths, mask), spans
 
 
-class _Plan:
-    """One row's part of a step: its merged trie, the kept nodes and its side branch."""
+@dataclass
+class _Step:
+    """One step's plan for every active row."""
 
-    def __init__(self, row: Row, merged: MergedTree, keep: np.ndarray, side, spans, expected: float):
-        self.row, self.merged, self.keep, self.spans = row, merged, keep, spans
-        self.expected = expected  # draft tokens the calibrated estimates expect from `keep`
-        tokens, parents, depths = subtree(merged, keep)
-        self.input = RowInput(
-            root=int(row.buf[row.length - 1]), base=row.length - 1,
-            tokens=tokens, parents=parents, depths=depths, side=side,
-        )
+    merged: MergedTree  # the merged tries of all rows
+    kept: Kept  # the nodes verified in the forward
+    sides: list  # [B] SideBranch | None
+    spans: list  # [B] [(drafter, start, m)] of each row's side branch
+    expected: np.ndarray  # [B] float64 draft tokens the calibrated estimates expect from the kept nodes
+
+    def slots(self) -> TreeSlots:
+        k = self.kept
+        return TreeSlots(k.tokens, k.parents, k.depths, k.row, k.starts)
 
 
 class SpeculativeDecoder:
@@ -98,6 +102,8 @@ class SpeculativeDecoder:
         # bit s set: drafter s rides a side branch (lookahead); its harvest's recent yield
         self._side_bits = sum(1 << s for s, d in enumerate(self.drafters)
                               if type(d).side_branch is not Drafter.side_branch)
+        self._topk = max((int(getattr(d, "topk", 0) or 0) for d in self.drafters), default=0)
+        self.timer = PhaseTimer()  # per-phase seconds of every step so far (reset() to restart)
         self._side_gain = 1.0  # tokens a step, optimistic so the window gets tried first
         self._steps_without_side = 0
         self._explore_after = SIDE_EXPLORE[0]  # skipped steps before the side branch rides anyway
@@ -229,24 +235,38 @@ class SpeculativeDecoder:
         if not active:
             return
         cache, valid = self._prefill(active)
+        timer = self.timer
         while active:
-            plans = self._draft(active)
+            timer.start()
+            t0 = time.perf_counter()
+            step = self._plan(active)
+            roots = np.asarray([r.buf[r.length - 1] for r in active], dtype=np.int64)  # [B]
+            bases = np.asarray([r.length - 1 for r in active], dtype=np.int64)  # [B]
+            ids, pos, mask, ids_host = build_batch(roots, bases, step.slots(), step.sides, valid,
+                                                   self.model.dtype, self.model.device, self.pad_id)
+            timer.lap("inputs")
             t1 = time.perf_counter()
-            ids, pos, mask = build_inputs([p.input for p in plans], valid, self.model.dtype,
-                                          self.model.device, self.pad_id)
             old_len = kv.seq_length(cache)
             logits = self.model(input_ids=ids, position_ids=pos, attention_mask=mask,
                                 cache=cache, use_cache=True).logits  # [B, q, V]
-            argmax = logits.argmax(dim=-1).cpu().numpy()  # [B, q] int64 (syncs the device)
+            timer.lap("forward")
+            argmax, top = self._reduce(logits)  # [B, q] int64, [B, q, k] int64 | None
+            timer.lap("reduce")
             t2 = time.perf_counter()
-            keep = self._accept(plans, logits, argmax, temperature, top_p, gen)
-            valid = self._compact(cache, valid, old_len, keep)
-            self._observe_topk(plans, ids, logits)
-            cache, valid, active = self._drop_finished(cache, valid, active)
+            path, length, counts = self._accept(active, step, logits, argmax, temperature, top_p, gen)
+            timer.lap("accept")
+            self._observe(active, step, counts, ids_host, top)
+            timer.lap("observe")
+            valid = self._compact(cache, valid, old_len, step, path, length)
+            cache, valid, finished = self._drop_finished(cache, valid, active)
+            timer.lap("compact")
+            timer.steps += 1
             t3 = time.perf_counter()
-            for p in plans:
-                p.row.stats.forward_seconds += t2 - t1
-                p.row.stats.bookkeeping_seconds += t3 - t2
+            for r in active:
+                r.stats.draft_seconds += t1 - t0
+                r.stats.forward_seconds += t2 - t1
+                r.stats.bookkeeping_seconds += t3 - t2
+            active = finished
 
     def _prefill(self, rows: list[Row]):
         """Forward every prompt but its last token (the first step feeds that one)."""
@@ -262,42 +282,79 @@ class SpeculativeDecoder:
             r.stats.prefill_seconds += time.perf_counter() - t0
         return cache, valid
 
-    def _draft(self, rows: list[Row]) -> list[_Plan]:
-        plans = []
-        for row in rows:
-            t0 = time.perf_counter()
-            depth = min(self.settings.max_depth, row.remaining - 1)
-            trees = [
-                d.propose(row.index, row.context, self.settings.draft_budget, depth) if depth > 0
-                else _empty(d) for d in self.drafters
-            ]
-            side, spans = merge_side([d.side_branch(row.index) for d in self.drafters])
-            t1 = time.perf_counter()
-            merged = merge_trees(trees, self.calibration.factors(), max_depth=max(depth, 0),
-                                 smoothing=self.settings.count_smoothing)
-            n_side = 0 if side is None else int(side.tokens.shape[0])
-            n, with_side, expected = self._budget(merged, n_side, row)
-            if not with_side:
-                side, spans, n_side = None, [], 0
-            keep = select_top(merged, n)
-            plans.append(_Plan(row, merged, keep, side, spans, expected))
-            row.stats.budgets.append(int(keep.shape[0]))
-            row.stats.side_tokens.append(n_side)
-            row.stats.draft_seconds += t1 - t0
-            row.stats.bookkeeping_seconds += time.perf_counter() - t1
-        return plans
+    def _propose(self, rows: list[Row], depth: np.ndarray) -> list[list]:
+        """-> trees[r][s]: drafter s's tree for row r (one propose_batch call per drafter)."""
+        live = np.flatnonzero(depth > 0)
+        ids = [rows[i].index for i in live]
+        contexts = [rows[i].context for i in live]
+        out = [[None] * len(self.drafters) for _ in rows]
+        for s, d in enumerate(self.drafters):
+            empty = _empty(d)
+            trees = d.propose_batch(ids, contexts, self.settings.draft_budget, depth[live]) if live.shape[0] else []
+            for r in range(len(rows)):
+                out[r][s] = empty
+            for i, t in zip(live.tolist(), trees):
+                out[i][s] = t
+        return out
 
-    def _budget(self, merged: MergedTree, n_side: int, row: Row) -> tuple[int, bool, float]:
-        """-> (tree nodes to keep, whether the side branch rides along, draft tokens the
-        calibrated estimates expect from those nodes; 0 with a fixed budget, where the row's
-        trust steers nothing)."""
-        limit = self.settings.max_tree
+    def _sides(self, rows: list[Row]) -> tuple[list, list]:
+        if not self._side_bits:
+            return [None] * len(rows), [[] for _ in rows]
+        riding = [s for s in range(len(self.drafters)) if self._side_bits >> s & 1]
+        sides, spans = [], []
+        for row in rows:  # per row only with a side-branch drafter (lookahead)
+            branches = [None] * len(self.drafters)
+            for s in riding:
+                branches[s] = self.drafters[s].side_branch(row.index)
+            side, span = merge_side(branches)
+            sides.append(side)
+            spans.append(span)
+        return sides, spans
+
+    def _plan(self, rows: list[Row]) -> _Step:
+        remaining = np.asarray([r.remaining for r in rows], dtype=np.int64)  # [B]
+        depth = np.minimum(self.settings.max_depth, remaining - 1)  # [B]
+        trees = self._propose(rows, depth)
+        sides, spans = self._sides(rows)
+        self.timer.lap("propose")
+        merged = merge_rows(trees, self.calibration.factors(), np.maximum(depth, 0),
+                            self.settings.count_smoothing, n_sources=len(self.drafters))
+        self.timer.lap("merge")
+        n_side = np.asarray([0 if s is None else int(s.tokens.shape[0]) for s in sides], dtype=np.int64)
+        n, with_side, expected, order = self._budget(merged, n_side, rows)
+        for i in np.flatnonzero(~with_side & (n_side > 0)):
+            sides[i], spans[i], n_side[i] = None, [], 0
+        kept = kept_nodes(merged, select_rows(merged, n, order))
+        sizes = np.diff(kept.starts)
+        for i, row in enumerate(rows):
+            row.stats.budgets.append(int(sizes[i]))
+            row.stats.side_tokens.append(int(n_side[i]))
+        self.timer.lap("budget")
+        return _Step(merged, kept, sides, spans, expected)
+
+    def _budget(self, merged: MergedTree, n_side: np.ndarray, rows: list[Row]):
+        """-> (tree nodes to keep [B], whether each row's side branch rides along [B] bool, draft
+        tokens the calibrated estimates expect from those nodes [B] (0 with a fixed budget, where
+        the row's trust steers nothing), ranked(merged) or None)."""
+        b, limit = len(rows), self.settings.max_tree
         if self.settings.budget != "auto":
-            return min(int(self.settings.budget), limit), True, 0.0
-        calibrated = sorted_path_probs(merged, limit)  # [<= limit] descending
-        p = np.minimum(calibrated * min(row.trust(TRUST_PRIOR), TRUST_MAX), 1.0)
-        n, with_side = self._auto_budget(p, n_side, limit)
-        return n, with_side, float(calibrated[:n].sum())
+            n = np.full(b, min(int(self.settings.budget), limit), dtype=np.int64)
+            return n, np.ones(b, dtype=bool), np.zeros(b), None
+        order = ranked(merged)
+        sizes = np.minimum(np.diff(merged.starts), limit)  # [B]
+        width = int(sizes.max()) if b else 0
+        rank = np.arange(len(merged)) - merged.starts[merged.row[order]]
+        take = rank < limit
+        calibrated = np.zeros((b, width))  # [B, L] each row's path probabilities, descending
+        calibrated[merged.row[order][take], rank[take]] = merged.path_p[order][take]
+        trust = np.asarray([min(r.trust(TRUST_PRIOR), TRUST_MAX) for r in rows])  # [B]
+        p = np.minimum(calibrated * trust[:, None], 1.0)
+        n, _ = self.cost.best_rows(p, sizes)
+        with_side = np.zeros(b, dtype=bool)
+        for i in np.flatnonzero(n_side):  # the side branch's state is sequential: per riding row
+            n[i], with_side[i] = self._auto_budget(p[i, : sizes[i]], int(n_side[i]), limit)
+        cum = np.concatenate((np.zeros((b, 1)), np.cumsum(calibrated, axis=1)), axis=1)
+        return n, with_side, cum[np.arange(b), n], order
 
     def _auto_budget(self, p: np.ndarray, n_side: int, limit: int) -> tuple[int, bool]:
         """The cost model's choice for path probabilities p [<= limit] descending.
@@ -322,65 +379,125 @@ class SpeculativeDecoder:
         self._steps_without_side += 1
         return n0, False
 
-    def _accept(self, plans, logits, argmax, temperature, top_p, gen) -> list[np.ndarray]:
-        """Verify each row, commit its tokens, run the per-row hooks; -> new slots to keep per row."""
-        keeps = []
-        for b, p in enumerate(plans):
-            inp, row = p.input, p.row
-            if temperature > 0:
-                path, tokens = sample_accept(inp.tokens, inp.parents, logits[b], temperature, top_p, gen)
-            else:
-                path, tokens = greedy_accept(inp.tokens, inp.parents, inp.depths, argmax[b])
-            n = row.commit(tokens, self.tokenizer)
+    def _reduce(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
+        """-> (argmax [B, q] int64, top-k [B, q, k] int64 or None) with one read of the logits and
+        one device->host copy. The top-k already holds the argmax; where the two best logits tie
+        exactly, argmax's first-index choice is taken instead (what plain greedy decoding picks)."""
+        k = self._topk
+        if k == 0:
+            return logits.argmax(dim=-1).cpu().numpy(), None
+        values, indices = logits.topk(max(k, 2), dim=-1)  # [B, q, k']
+        tie = values[..., 0] == values[..., 1]  # [B, q]
+        packed = torch.cat([indices, tie[..., None].to(indices.dtype)], dim=-1).cpu().numpy()
+        argmax = packed[..., 0].copy()
+        ties = np.nonzero(packed[..., -1])
+        if ties[0].shape[0]:  # exact ties at the top are rare: one more read, of those rows only
+            b, j = (torch.from_numpy(t).to(logits.device) for t in ties)
+            argmax[ties] = logits[b, j].argmax(dim=-1).cpu().numpy()
+        return argmax, packed[..., :k]
+
+    def _accept(self, rows: list[Row], step: _Step, logits, argmax: np.ndarray, temperature, top_p, gen):
+        """Verify every row, commit its tokens, credit sources, update calibration and the side
+        branches. -> (path [B, D] kept-node indices, -1 padded; path length [B]; tokens committed [B])."""
+        kept = step.kept
+        if temperature > 0:
+            path, length, tokens = self._sample(kept, logits, temperature, top_p, gen)
+        else:
+            path, length, tokens = greedy_accept_rows(step.slots(), argmax)
+        committed = np.zeros(len(rows), dtype=np.int64)
+        sizes = np.diff(kept.starts)
+        for b, row in enumerate(rows):  # per row: a few scalar updates and the commit itself
+            k = int(length[b])
+            committed[b] = row.commit(tokens[b, : k + 1], self.tokenizer)
             row.stats.steps += 1
-            row.stats.tree_tokens += int(inp.tokens.shape[0])
-            self._credit(row, p.merged, p.keep[path[:n]])  # path nodes that were committed
-            row.observe_step(p.expected, int(path.shape[0]), TRUST_DECAY)
-            self.calibration.update(p.merged, np.concatenate(([-1], p.keep[path])), tokens)
-            n_tree = int(inp.tokens.shape[0])
-            for i, start, m in p.spans:
+            row.stats.tree_tokens += int(sizes[b])
+            row.observe_step(float(step.expected[b]), k, TRUST_DECAY)
+        self._credit(rows, step, path, np.minimum(committed, length))
+        self._calibrate(step, path, length, tokens)
+        for b, span in enumerate(step.spans):
+            n_tree = int(sizes[b])
+            for i, start, m in span:
                 s = 1 + n_tree + start
-                self.drafters[i].side_result(row.index, argmax[b, s : s + m].astype(np.int64))
-            for d in self.drafters:
-                d.observe(row.index, row.buf[row.length - n : row.length].copy())
-            keeps.append(np.concatenate(([0], 1 + path)).astype(np.int64))
-        return keeps
+                self.drafters[i].side_result(rows[b].index, argmax[b, s : s + m].astype(np.int64))
+        return path, length, committed
 
-    def _credit(self, row: Row, merged: MergedTree, nodes: np.ndarray) -> None:
-        bits = merged.sources[nodes]  # [k]
+    def _sample(self, kept: Kept, logits, temperature, top_p, gen):
+        """Lossless sampling, row by row (each row draws from its own distribution in order)."""
+        b = kept.starts.shape[0] - 1
+        paths, outs = [], []
+        for r in range(b):
+            lo, hi = int(kept.starts[r]), int(kept.starts[r + 1])
+            par = kept.parents[lo:hi]
+            local = np.where(par >= 0, par - lo, -1)
+            path, out = sample_accept(kept.tokens[lo:hi], local, logits[r], temperature, top_p, gen)
+            paths.append(path + lo)
+            outs.append(out)
+        width = max(p.shape[0] for p in paths)
+        path = np.full((b, width), -1, dtype=np.int64)
+        tokens = np.zeros((b, width + 1), dtype=np.int64)
+        for r, (p, o) in enumerate(zip(paths, outs)):
+            path[r, : p.shape[0]] = p
+            tokens[r, : o.shape[0]] = o
+        return path, np.asarray([p.shape[0] for p in paths], dtype=np.int64), tokens
+
+    def _credit(self, rows: list[Row], step: _Step, path: np.ndarray, n: np.ndarray) -> None:
+        """Count the committed draft tokens per source and feed the side branch's yield."""
+        on = (np.arange(path.shape[1])[None, :] < n[:, None]) & (path >= 0)  # [B, D]
+        b_idx, j_idx = np.nonzero(on)
+        bits = step.merged.sources[step.kept.merged[path[b_idx, j_idx]]]  # [c]
         if self._side_bits:
-            side, other = (bits & self._side_bits) != 0, (bits & ~self._side_bits) != 0  # [k]
-            only_side = int((side & ~other).sum())
-            self._side_gain += SIDE_GAIN_RATE * (only_side - self._side_gain)
-        for s, d in enumerate(self.drafters):
-            hits = int(((bits >> s) & 1).sum())
-            if hits:
-                row.stats.accepted_by_source[d.name] = row.stats.accepted_by_source.get(d.name, 0) + hits
+            side, other = (bits & self._side_bits) != 0, (bits & ~self._side_bits) != 0  # [c]
+            only_side = np.bincount(b_idx, weights=side & ~other, minlength=len(rows))
+            for value in only_side:  # sequential EMA over rows, as before
+                self._side_gain += SIDE_GAIN_RATE * (float(value) - self._side_gain)
+        if not bits.shape[0]:
+            return
+        s = np.arange(len(self.drafters))
+        hits = np.zeros((len(rows), len(self.drafters)), dtype=np.int64)  # [B, S]
+        np.add.at(hits, b_idx, (bits[:, None] >> s[None, :]) & 1)
+        for r, src in zip(*np.nonzero(hits)):
+            stats, name = rows[r].stats.accepted_by_source, self.drafters[src].name
+            stats[name] = stats.get(name, 0) + int(hits[r, src])
 
-    def _compact(self, cache, valid: torch.Tensor, old_len: int, keeps: list[np.ndarray]) -> torch.Tensor:
-        """Gather each row's kept slots behind its old ones; shorter rows leave masked holes."""
-        width = max(k.shape[0] for k in keeps)
-        idx = np.zeros((len(keeps), width), dtype=np.int64)  # [B, K] holes repeat slot 0
-        new_valid = np.zeros((len(keeps), width), dtype=bool)
-        for b, k in enumerate(keeps):
-            idx[b, : k.shape[0]] = k
-            new_valid[b, : k.shape[0]] = True
+    def _calibrate(self, step: _Step, path: np.ndarray, length: np.ndarray, tokens: np.ndarray) -> None:
+        """Every merged node whose parent the model went through was tested (see Calibration)."""
+        merged = step.merged
+        if not len(merged):
+            return
+        chosen = np.full(len(merged), -1, dtype=np.int64)  # [n] the model's token after each node
+        on = path >= 0
+        b_idx, j_idx = np.nonzero(on)
+        chosen[step.kept.merged[path[b_idx, j_idx]]] = tokens[b_idx, j_idx + 1]
+        root_choice = tokens[:, 0]  # [B]
+        after = np.where(merged.parents >= 0, chosen[np.maximum(merged.parents, 0)], root_choice[merged.row])
+        self.calibration.update_rows(merged, after)
+
+    def _observe(self, rows: list[Row], step: _Step, counts: np.ndarray, ids: np.ndarray, top) -> None:
+        """Drafter updates: the committed tokens of every row, then the verified top-k."""
+        index = [r.index for r in rows]
+        accepted = [r.buf[r.length - int(c) : r.length].copy() for r, c in zip(rows, counts)]
+        for d in self.drafters:
+            d.observe_batch(index, accepted)
+        if top is None:
+            return
+        sizes = 1 + np.diff(step.kept.starts)  # last committed token + tree slots
+        width = int(sizes.max())
+        real = np.arange(width)[None, :] < sizes[:, None]  # [B, w]
+        topk, tokens = top[:, :width][real], ids[:, :width][real]  # [n, k], [n]
+        for d in self.drafters:
+            if getattr(d, "topk", 0) > 0:
+                d.observe_topk(tokens, topk[:, : d.topk])
+
+    def _compact(self, cache, valid: torch.Tensor, old_len: int, step: _Step, path: np.ndarray,
+                 length: np.ndarray) -> torch.Tensor:
+        """Gather each row's kept slots (its last token, then its accepted path) behind its old
+        ones: one gather per layer for every row; shorter rows leave masked holes."""
+        b = path.shape[0]
+        slot = 1 + np.where(path >= 0, step.kept.local[np.maximum(path, 0)], -1)  # [B, D] 0 = hole
+        idx = np.concatenate((np.zeros((b, 1), dtype=np.int64), slot), axis=1)  # [B, 1 + D]
+        new_valid = np.arange(idx.shape[1])[None, :] < (1 + length)[:, None]
         kv.keep_new(cache, old_len, torch.from_numpy(idx))
         return torch.cat([valid, torch.from_numpy(new_valid).to(valid.device)], dim=1)
-
-    def _observe_topk(self, plans, ids: torch.Tensor, logits: torch.Tensor) -> None:
-        wanting = [d for d in self.drafters if getattr(d, "topk", 0) > 0]
-        if not wanting:
-            return
-        k = max(d.topk for d in wanting)
-        sizes = [1 + p.input.tokens.shape[0] for p in plans]  # last committed token + tree slots
-        width = max(sizes)
-        real = np.arange(width)[None, :] < np.asarray(sizes)[:, None]  # [B, w]
-        # top-k of a view, then pick rows: copying the selected logits out first cost ~1 ms a step
-        top = logits[:, :width].topk(k, dim=-1).indices.cpu().numpy()[real]  # [n, k]
-        tokens = ids[:, :width].cpu().numpy()[real]  # [n]
-        for d in wanting:
-            d.observe_topk(tokens, top[:, : d.topk])
 
     def _drop_finished(self, cache, valid: torch.Tensor, rows: list[Row]):
         live = [i for i, r in enumerate(rows) if not r.done]

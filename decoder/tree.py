@@ -1,11 +1,12 @@
-"""Merge the drafters' DraftTrees into one trie and keep the most probable nodes.
+"""Merge the drafters' DraftTrees into one trie per row and keep the most probable nodes, for
+all rows of a batch at once (flat arrays with a row id per node; no Python loop over rows).
 
 Every node gets a probability estimate: within a source, count / (parent count) (siblings
 normalised so they never sum above 1), scaled per source and depth by `Calibration` (observed
 acceptance), combined over the sources that proposed the node as 1 - prod(1 - p). A node's path
-probability is the product along its path; it never exceeds its parent's, so the top-T nodes by
-path probability (ties to the earlier, i.e. shallower-first, index) always include their
-ancestors.
+probability is the product along its path; it never exceeds its parent's, so the top-T nodes of
+a row by path probability (ties to the earlier, i.e. shallower-first, index) always include
+their ancestors.
 """
 from __future__ import annotations
 
@@ -22,36 +23,53 @@ EVIDENCE_BINS = 8  # evidence of an estimate: bin floor(log2(parent count)), 0..
 
 @dataclass(frozen=True, eq=False)
 class MergedTree:
-    """A trie in level order (a parent precedes its children; depth never decreases)."""
+    """The merged tries of B rows. Row r owns nodes starts[r]:starts[r+1]; inside a row the
+    nodes are in level order (a parent precedes its children; depth never decreases) and, per
+    level, ordered by (parent, token). parents are indices into these arrays."""
 
     tokens: np.ndarray  # [n] int64
-    parents: np.ndarray  # [n] int64, -1 = child of the last committed token
+    parents: np.ndarray  # [n] int64, -1 = child of the row's last committed token
     depths: np.ndarray  # [n] int64 >= 1
     sources: np.ndarray  # [n] int64 bitmask: bit s = drafter s proposed this path
     raw_p: np.ndarray  # [n, S] float64 per-source conditional probability before calibration (0 = absent)
     bins: np.ndarray  # [n, S] int64 per-source evidence bin of raw_p (see evidence_bins)
     cond_p: np.ndarray  # [n] float64 calibrated, combined conditional probability
     path_p: np.ndarray  # [n] float64 product of cond_p along the path
+    starts: np.ndarray  # [B + 1] int64 row offsets
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
+    @property
+    def rows(self) -> int:
+        return int(self.starts.shape[0]) - 1
+
+    @property
+    def row(self) -> np.ndarray:
+        """[n] int64 the row of each node."""
+        return np.repeat(np.arange(self.rows, dtype=np.int64), np.diff(self.starts))
+
     @classmethod
-    def empty(cls, n_sources: int = 1) -> "MergedTree":
+    def empty(cls, n_sources: int = 1, rows: int = 1) -> "MergedTree":
         z = np.zeros(0, dtype=np.int64)
         f = np.zeros(0, dtype=np.float64)
-        return cls(z, z, z, z, np.zeros((0, n_sources)), np.zeros((0, n_sources), dtype=np.int64), f, f)
+        return cls(z, z, z, z, np.zeros((0, n_sources)), np.zeros((0, n_sources), dtype=np.int64), f, f,
+                   np.zeros(rows + 1, dtype=np.int64))
 
 
-def _denominators(tree: DraftTree) -> tuple[np.ndarray, np.ndarray]:
-    """-> (counts [n] float64, max(parent count, sum of sibling counts) [n] float64)."""
-    n = len(tree)
-    counts = np.maximum(tree.counts, 0).astype(np.float64)  # [n]
-    slot = tree.parents.astype(np.int64) + 1  # [n] 0 = root
-    sibling_sum = np.zeros(n + 1, dtype=np.float64)
-    np.add.at(sibling_sum, slot, counts)
-    parent_count = np.concatenate(([0.0], counts))[slot]  # roots: only the sibling sum
-    return counts, np.maximum(parent_count, sibling_sum[slot])
+def _denominators(counts: np.ndarray, parents: np.ndarray, root_slot: np.ndarray) -> np.ndarray:
+    """[n] float64 max(parent count, sum of sibling counts); parents global (-1 = root),
+    root_slot [n] a slot per tree for its roots (>= n)."""
+    slot = np.where(parents >= 0, parents, root_slot)  # [n]
+    sibling_sum = np.bincount(slot, weights=counts, minlength=int(root_slot.max()) + 1 if slot.shape[0] else 0)
+    parent_count = np.where(parents >= 0, counts[np.maximum(parents, 0)], 0.0)  # roots: siblings only
+    return np.maximum(parent_count, sibling_sum[slot])
+
+
+def _tree_arrays(tree: DraftTree) -> tuple[np.ndarray, np.ndarray]:
+    counts = np.maximum(tree.counts, 0).astype(np.float64)
+    parents = tree.parents.astype(np.int64)
+    return counts, _denominators(counts, parents, np.full(len(tree), len(tree), dtype=np.int64))
 
 
 def raw_probabilities(tree: DraftTree, smoothing: float = 0.0) -> np.ndarray:
@@ -59,7 +77,7 @@ def raw_probabilities(tree: DraftTree, smoothing: float = 0.0) -> np.ndarray:
 
     smoothing > 0 discounts thin evidence: a continuation seen once of once is no certainty.
     """
-    return _probabilities(*_denominators(tree), smoothing)
+    return _probabilities(*_tree_arrays(tree), smoothing)
 
 
 def evidence_bins(tree: DraftTree) -> np.ndarray:
@@ -69,7 +87,7 @@ def evidence_bins(tree: DraftTree) -> np.ndarray:
     HumanEval with the 107M-token code store the top first draft token was right 7% of the time
     when its suffix occurred once, 42% at 5-16 occurrences and 67% beyond 100.
     """
-    return _bins(_denominators(tree)[1])
+    return _bins(_tree_arrays(tree)[1])
 
 
 def _probabilities(counts: np.ndarray, denom: np.ndarray, smoothing: float) -> np.ndarray:
@@ -82,59 +100,109 @@ def _bins(denom: np.ndarray) -> np.ndarray:
     return np.clip(np.floor(np.log2(np.maximum(denom, 1.0))), 0, EVIDENCE_BINS - 1).astype(np.int64)
 
 
+def depths_of(parents: np.ndarray) -> np.ndarray:
+    """[n] int64 depth of each node (1 = root child) by pointer jumping: O(log depth) passes."""
+    depth = np.ones(parents.shape[0], dtype=np.int64)
+    up = parents.copy()
+    while True:
+        live = up >= 0
+        if not live.any():
+            return depth
+        # depth[i] counts the nodes from i up to, not including, up[i]: each pass doubles the jump
+        depth[live] += depth[up[live]]
+        up[live] = up[up[live]]
+
+
 def merge_trees(
     trees: Sequence[DraftTree], factors: np.ndarray | None = None, max_depth: int = 1 << 30,
     smoothing: float = 0.0,
 ) -> MergedTree:
-    """Merge trees[s] (s = source index) into one trie.
+    """Merge trees[s] (s = source index) into one trie (one row). See merge_rows."""
+    return merge_rows([list(trees)], factors, np.asarray([max_depth], dtype=np.int64), smoothing,
+                      n_sources=len(trees))
+
+
+def merge_rows(
+    trees: Sequence[Sequence[DraftTree]], factors: np.ndarray | None, max_depths: np.ndarray,
+    smoothing: float = 0.0, n_sources: int | None = None,
+) -> MergedTree:
+    """trees[r][s]: source s's tree for row r -> the merged tries of all rows.
 
     factors: [S, D, E] calibration multipliers per source, depth (column d-1 for depth d; depths
-    beyond D use the last column) and evidence bin; None = 1. Nodes deeper than max_depth are
-    dropped. smoothing: see raw_probabilities.
+    beyond D use the last column) and evidence bin; None = 1. max_depths: [B] int64, deeper nodes
+    are dropped. smoothing: see raw_probabilities.
     """
-    n_src = len(trees)
+    n_rows = len(trees)
+    n_src = n_sources if n_sources is not None else max((len(t) for t in trees), default=0)
     assert n_src <= MAX_SOURCES, f"at most {MAX_SOURCES} drafters"
-    parts = [(s, t) for s, t in enumerate(trees) if len(t)]
+    assert max_depths.shape == (n_rows,), f"max_depths must be [{n_rows}], got {max_depths.shape}"
+    parts = [(r, s, t) for r, ts in enumerate(trees) for s, t in enumerate(ts) if len(t)]
     if not parts:
-        return MergedTree.empty(max(n_src, 1))
-    tok = np.concatenate([t.tokens for _, t in parts]).astype(np.int64)  # [N]
-    offsets = np.cumsum([0] + [len(t) for _, t in parts])[:-1]
-    par = np.concatenate(
-        [np.where(t.parents >= 0, t.parents.astype(np.int64) + o, -1) for (_, t), o in zip(parts, offsets)]
-    )  # [N] global parent index, -1 = root
-    src = np.concatenate([np.full(len(t), s, dtype=np.int64) for s, t in parts])  # [N]
-    depth = np.concatenate([t.depths().astype(np.int64) for _, t in parts])  # [N]
-    counts, denom = (np.concatenate(a) for a in zip(*(_denominators(t) for _, t in parts)))  # [N], [N]
+        return MergedTree.empty(max(n_src, 1), n_rows)
+    sizes = np.fromiter((len(t) for _, _, t in parts), dtype=np.int64, count=len(parts))
+    offsets = np.cumsum(sizes) - sizes  # [P]
+    tree_id = np.repeat(np.arange(len(parts), dtype=np.int64), sizes)  # [N]
+    n = int(sizes.sum())
+    tok = np.concatenate([t.tokens for _, _, t in parts]).astype(np.int64)  # [N]
+    local = np.concatenate([t.parents for _, _, t in parts]).astype(np.int64)  # [N]
+    par = np.where(local >= 0, local + offsets[tree_id], -1)  # [N] global parent, -1 = root
+    meta = np.asarray([(r, s) for r, s, _ in parts], dtype=np.int64)  # [P, 2]
+    row, src = meta[tree_id, 0], meta[tree_id, 1]  # [N], [N]
+    counts = np.maximum(np.concatenate([t.counts for _, _, t in parts]), 0).astype(np.float64)  # [N]
+    denom = _denominators(counts, par, n + tree_id)  # [N]
     raw = _probabilities(counts, denom, smoothing)  # [N]
     ev = _bins(denom)  # [N]
+    depth = depths_of(par)  # [N]
+    merged_id, m_tok, m_par, m_depth, m_row = _merge_levels(tok, par, depth, row, max_depths)
+    # rows contiguous: the levels came out level-major (row-sorted within a level)
+    order = np.argsort(m_row, kind="stable")
+    new_id = np.empty_like(order)
+    new_id[order] = np.arange(order.shape[0])
+    tokens, rows_sorted, depths = m_tok[order], m_row[order], m_depth[order]
+    parents = np.where(m_par[order] >= 0, new_id[np.maximum(m_par[order], 0)], -1)
+    keep = merged_id >= 0
+    mid = new_id[merged_id[keep]]
+    n_merged = tokens.shape[0]
+    sources = np.zeros(n_merged, dtype=np.int64)
+    np.bitwise_or.at(sources, mid, np.left_shift(1, src[keep]))
+    raw_p = np.zeros((n_merged, max(n_src, 1)), dtype=np.float64)
+    np.maximum.at(raw_p, (mid, src[keep]), raw[keep])
+    bins = np.zeros(raw_p.shape, dtype=np.int64)  # [n, S]
+    np.maximum.at(bins, (mid, src[keep]), ev[keep])
+    cond_p = combine(raw_p, depths, factors, bins)
+    starts = np.searchsorted(rows_sorted, np.arange(n_rows + 1)).astype(np.int64)
+    return MergedTree(tokens, parents, depths, sources, raw_p, bins, cond_p,
+                      path_products(cond_p, parents, depths), starts)
 
-    merged_id = np.full(tok.shape[0], -1, dtype=np.int64)  # [N] node -> merged index
-    out_tok, out_par, out_depth = [], [], []
+
+def _merge_levels(tok, par, depth, row, max_depths):
+    """Unite equal paths level by level (vectorised over rows and sources).
+    -> (merged id per input node, -1 = too deep; merged tokens, parents, depths, rows)."""
+    merged_id = np.full(tok.shape[0], -1, dtype=np.int64)
+    fits = depth <= max_depths[row]
+    top = int(depth[fits].max()) if fits.any() else 0
+    vocab = int(tok.max()) + 1
+    span = tok.shape[0] + 1
+    out_tok, out_par, out_depth, out_row = [], [], [], []
     n_merged = 0
-    for d in range(1, min(int(depth.max()), max_depth) + 1):  # vectorised per level
-        level = np.flatnonzero(depth == d)
+    for d in range(1, top + 1):  # <= max_depth iterations, each over every row
+        level = np.flatnonzero((depth == d) & fits)
+        if not level.shape[0]:
+            break
         mpar = np.where(par[level] >= 0, merged_id[np.maximum(par[level], 0)], -1)
-        key = (mpar + 1) * (int(tok.max()) + 1) + tok[level]
+        key = (row[level] * span + (mpar + 1)) * vocab + tok[level]  # (row, parent, token)
         uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
         merged_id[level] = n_merged + inv
         out_tok.append(tok[level][first])
         out_par.append(mpar[first])
         out_depth.append(np.full(uniq.shape[0], d, dtype=np.int64))
+        out_row.append(row[level][first])
         n_merged += uniq.shape[0]
-    tokens = np.concatenate(out_tok)
-    parents = np.concatenate(out_par)
-    depths = np.concatenate(out_depth)
-
-    keep = merged_id >= 0
-    sources = np.zeros(n_merged, dtype=np.int64)
-    np.bitwise_or.at(sources, merged_id[keep], np.left_shift(1, src[keep]))
-    raw_p = np.zeros((n_merged, max(n_src, 1)), dtype=np.float64)
-    np.maximum.at(raw_p, (merged_id[keep], src[keep]), raw[keep])
-    bins = np.zeros(raw_p.shape, dtype=np.int64)  # [n, S]
-    np.maximum.at(bins, (merged_id[keep], src[keep]), ev[keep])
-    cond_p = combine(raw_p, depths, factors, bins)
-    return MergedTree(tokens, parents, depths, sources, raw_p, bins, cond_p,
-                      path_products(cond_p, parents, depths))
+    if not out_tok:
+        z = np.zeros(0, dtype=np.int64)
+        return merged_id, z, z, z, z
+    return (merged_id, np.concatenate(out_tok), np.concatenate(out_par), np.concatenate(out_depth),
+            np.concatenate(out_row))
 
 
 def combine(raw_p: np.ndarray, depths: np.ndarray, factors: np.ndarray | None,
@@ -152,7 +220,7 @@ def combine(raw_p: np.ndarray, depths: np.ndarray, factors: np.ndarray | None,
 
 
 def path_products(cond_p: np.ndarray, parents: np.ndarray, depths: np.ndarray) -> np.ndarray:
-    """[n] product of cond_p from the root to each node (level order)."""
+    """[n] product of cond_p from the root to each node (parents precede children per level)."""
     path = cond_p.copy()
     if not path.shape[0]:
         return path
@@ -162,16 +230,24 @@ def path_products(cond_p: np.ndarray, parents: np.ndarray, depths: np.ndarray) -
     return path
 
 
-def select_top(tree: MergedTree, n: int) -> np.ndarray:
-    """Indices (ascending, so still level order) of the n nodes with the largest path probability.
+def ranked(tree: MergedTree) -> np.ndarray:
+    """[n] node indices, row by row, each row's nodes by descending path probability (ties: the
+    smaller index first)."""
+    return np.lexsort((np.arange(len(tree)), -tree.path_p, tree.row))
 
-    Ancestor-closed: path_p[child] <= path_p[parent] and a parent has the smaller index.
-    """
-    n = min(n, len(tree))
-    if n <= 0:
+
+def select_rows(tree: MergedTree, n: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+    """Indices (ascending: row by row, level order) of the n[r] nodes of each row r with the
+    largest path probability. Ancestor-closed: path_p[child] <= path_p[parent] and a parent has
+    the smaller index. order: `ranked(tree)` when the caller already has it."""
+    assert n.shape == (tree.rows,), f"n must be [{tree.rows}], got {n.shape}"
+    if not len(tree):
         return np.zeros(0, dtype=np.int64)
-    order = np.lexsort((np.arange(len(tree)), -tree.path_p))[:n]
-    keep = np.sort(order)
+    order = ranked(tree) if order is None else order
+    row = tree.row
+    rank = np.empty(len(tree), dtype=np.int64)
+    rank[order] = np.arange(len(tree)) - tree.starts[row[order]]
+    keep = np.flatnonzero(rank < n[row])
     kept = np.zeros(len(tree), dtype=bool)
     kept[keep] = True
     par = tree.parents[keep]
@@ -179,14 +255,41 @@ def select_top(tree: MergedTree, n: int) -> np.ndarray:
     return keep
 
 
-def subtree(tree: MergedTree, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The kept nodes re-indexed: (tokens [k] int64, parents [k] int64 local, -1 root; depths [k])."""
-    local = np.full(len(tree), -1, dtype=np.int64)
-    local[keep] = np.arange(keep.shape[0])
+def select_top(tree: MergedTree, n: int) -> np.ndarray:
+    """select_rows for one row."""
+    return select_rows(tree, np.asarray([max(n, 0)], dtype=np.int64))
+
+
+@dataclass(frozen=True, eq=False)
+class Kept:
+    """The kept nodes of every row, re-indexed: row r owns starts[r]:starts[r+1]."""
+
+    tokens: np.ndarray  # [k] int64
+    parents: np.ndarray  # [k] int64 index into these arrays, -1 = root
+    local: np.ndarray  # [k] int64 index inside the row's kept nodes (slot = 1 + local)
+    depths: np.ndarray  # [k] int64
+    row: np.ndarray  # [k] int64
+    starts: np.ndarray  # [B + 1] int64
+    merged: np.ndarray  # [k] int64 the merged-tree index of each kept node
+
+
+def kept_nodes(tree: MergedTree, keep: np.ndarray) -> Kept:
+    new = np.full(len(tree), -1, dtype=np.int64)
+    new[keep] = np.arange(keep.shape[0])
     par = tree.parents[keep]
-    return tree.tokens[keep], np.where(par >= 0, local[np.maximum(par, 0)], -1), tree.depths[keep]
+    parents = np.where(par >= 0, new[np.maximum(par, 0)], -1)
+    row = tree.row[keep]
+    starts = np.searchsorted(row, np.arange(tree.rows + 1)).astype(np.int64)
+    local = np.arange(keep.shape[0]) - starts[row]
+    return Kept(tree.tokens[keep], parents, local, tree.depths[keep], row, starts, keep)
+
+
+def subtree(tree: MergedTree, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One row's kept nodes re-indexed: (tokens [k] int64, parents [k] int64 local, -1 root; depths [k])."""
+    k = kept_nodes(tree, keep)
+    return k.tokens, np.where(k.parents >= 0, k.local[np.maximum(k.parents, 0)], -1), k.depths
 
 
 def sorted_path_probs(tree: MergedTree, limit: int) -> np.ndarray:
-    """[<= limit] path probabilities, descending (what the cost model needs)."""
+    """[<= limit] path probabilities of a one-row tree, descending (what the cost model needs)."""
     return np.sort(tree.path_p)[::-1][:limit]

@@ -9,29 +9,58 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from decoder.attention import TreeSlots
+
 
 def greedy_accept(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray, argmax: np.ndarray):
     """tokens/parents/depths: [n] the tree (level order); argmax: [>= 1 + n] int64 per slot."""
     n = tokens.shape[0]
     assert parents.shape == depths.shape == (n,) and argmax.shape[0] >= 1 + n, "greedy_accept shapes"
-    if n == 0:
-        return np.zeros(0, dtype=np.int64), argmax[:1].astype(np.int64)
-    ok = tokens == argmax[parents + 1]  # [n] right given its parent
-    for d in range(2, int(depths.max()) + 1):  # chain: right all the way from the root
-        level = np.flatnonzero(depths == d)
-        ok[level] &= ok[parents[level]]
-    path = _path_to(int(np.argmax(np.where(ok, depths, 0))), parents) if ok.any() else []
-    path = np.asarray(path, dtype=np.int64)
-    last = 0 if not path.shape[0] else int(path[-1]) + 1
-    return path, np.concatenate([tokens[path], argmax[last : last + 1]]).astype(np.int64)
+    tree = TreeSlots(tokens.astype(np.int64), parents.astype(np.int64), depths.astype(np.int64),
+                     np.zeros(n, dtype=np.int64), np.asarray([0, n], dtype=np.int64))
+    path, length, out = greedy_accept_rows(tree, argmax[None].astype(np.int64))
+    k = int(length[0])
+    return path[0, :k], out[0, : k + 1]
 
 
-def _path_to(node: int, parents: np.ndarray) -> list[int]:
-    path = []
-    while node >= 0:  # <= max_depth iterations
-        path.append(node)
-        node = int(parents[node])
-    return path[::-1]
+def greedy_accept_rows(tree: TreeSlots, argmax: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Greedy acceptance for every row at once.
+
+    tree: the verified nodes (flat, rows contiguous, level order); argmax: [B, q] int64 per slot.
+    -> (path [B, D] int64 indices into `tree`, root to leaf, -1 padded; length [B] int64;
+    tokens [B, D + 1] int64: the path's tokens, then the bonus token at [r, length[r]]).
+    Each row's path ends at its deepest node that agrees with the argmax all the way from the
+    root, the first such node in level order on ties.
+    """
+    b = argmax.shape[0]
+    k = tree.tokens.shape[0]
+    assert tree.starts.shape == (b + 1,), "greedy_accept_rows: starts must be [B + 1]"
+    slot = 1 + np.arange(k) - tree.starts[tree.row]  # [k]
+    parent_slot = np.where(tree.parents >= 0, slot[np.maximum(tree.parents, 0)], 0)
+    ok = tree.tokens == argmax[tree.row, parent_slot]  # [k] right given its parent
+    top = int(tree.depths.max()) if k else 0
+    for d in range(2, top + 1):  # chain: right all the way from the root
+        level = np.flatnonzero(tree.depths == d)
+        ok[level] &= ok[tree.parents[level]]
+    score = np.where(ok, tree.depths, 0)  # [k]
+    order = np.lexsort((np.arange(k), -score, tree.row))  # per row: deepest agreeing node first
+    has = np.diff(tree.starts) > 0
+    best = np.full(b, -1, dtype=np.int64)
+    best[has] = order[tree.starts[:-1][has]]
+    best[has] = np.where(score[best[has]] > 0, best[has], -1)
+    length = np.where(best >= 0, tree.depths[np.maximum(best, 0)], 0) if k else np.zeros(b, dtype=np.int64)
+    width = int(length.max()) if b else 0
+    path = np.full((b, width), -1, dtype=np.int64)
+    node = best.copy()
+    for j in range(width):  # walk up: column length - 1 - j holds the j-th node from the leaf
+        live = np.flatnonzero(node >= 0)
+        path[live, length[live] - 1 - j] = node[live]
+        node[live] = tree.parents[node[live]]
+    tokens = np.zeros((b, width + 1), dtype=np.int64)
+    tokens[:, :width] = np.where(path >= 0, tree.tokens[np.maximum(path, 0)] if k else 0, 0)
+    last_slot = np.where(best >= 0, slot[np.maximum(best, 0)] if k else 0, 0)
+    tokens[np.arange(b), length] = argmax[np.arange(b), last_slot]
+    return path, length.astype(np.int64), tokens
 
 
 def warp(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
