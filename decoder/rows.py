@@ -45,15 +45,11 @@ class Row:
     def remaining(self) -> int:
         return self.max_new - (self.length - self.prompt_len)
 
-    def commit(self, tokens: np.ndarray, tokenizer) -> int:
-        """Append tokens (the accepted path + bonus) up to the first stop condition; -> how many."""
-        n = min(int(tokens.shape[0]), self.remaining)
-        reason = "length" if n == self.remaining else ""
-        hit = np.flatnonzero(np.isin(tokens[:n], self.eos))
-        if hit.shape[0]:
-            n, reason = int(hit[0]) + 1, "eos"  # generate keeps the EOS token
-        start = self.length
-        self.buf[start : start + n] = tokens[:n]
+    def append(self, tokens: np.ndarray, reason: str, tokenizer) -> int:
+        """Append tokens (already cut at max_new_tokens and the first EOS by `commit_lengths`),
+        then cut at the first stop string; reason: "length" | "eos" | "" (go on). -> how many."""
+        start, n = self.length, int(tokens.shape[0])
+        self.buf[start : start + n] = tokens
         self.length += n
         if self.stop and n:
             cut = self._stop_cut(start, tokenizer)
@@ -84,3 +80,20 @@ class Row:
             if ends:
                 text = text[: min(ends)]
         return text
+
+
+def commit_lengths(tokens: np.ndarray, length: np.ndarray, remaining: np.ndarray,
+                   eos: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Every row's accepted path + bonus (tokens [B, D+1], row r's first length[r] + 1) cut at
+    its remaining budget and after its first EOS (generate keeps the EOS token).
+    -> (tokens to append [B] int64, stop reason per row: "length" | "eos" | "")."""
+    n = np.minimum(length + 1, remaining)  # [B]
+    reason = np.where(n == remaining, 1, 0)  # 1 = length
+    if eos.shape[0]:
+        inside = np.arange(tokens.shape[1])[None, :] < n[:, None]  # [B, D+1]
+        is_eos = np.isin(tokens, eos) & inside
+        hit = is_eos.any(axis=1)
+        n = np.where(hit, np.argmax(is_eos, axis=1) + 1, n)
+        reason = np.where(hit, 2, reason)
+    names = ("", "length", "eos")
+    return n.astype(np.int64), [names[i] for i in reason.tolist()]

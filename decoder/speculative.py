@@ -22,7 +22,7 @@ from decoder.attention import TreeSlots, build_batch, prefill_inputs
 from decoder.calibration import Calibration
 from decoder.cost import CostModel, measure_latency
 from decoder.drafters.base import Drafter, SideBranch
-from decoder.rows import Row
+from decoder.rows import Row, commit_lengths
 from decoder.stats import DecoderSettings, Generation, GenerationStats
 from decoder.timing import PhaseTimer
 from decoder.tree import Kept, MergedTree, kept_nodes, merge_rows, ranked, select_rows
@@ -404,14 +404,15 @@ class SpeculativeDecoder:
             path, length, tokens = self._sample(kept, logits, temperature, top_p, gen)
         else:
             path, length, tokens = greedy_accept_rows(step.slots(), argmax)
+        remaining = np.asarray([r.remaining for r in rows], dtype=np.int64)
+        cut, reasons = commit_lengths(tokens, length, remaining, self.eos)
         committed = np.zeros(len(rows), dtype=np.int64)
-        sizes = np.diff(kept.starts)
-        for b, row in enumerate(rows):  # per row: a few scalar updates and the commit itself
-            k = int(length[b])
-            committed[b] = row.commit(tokens[b, : k + 1], self.tokenizer)
+        sizes = np.diff(kept.starts).tolist()
+        for b, row in enumerate(rows):  # per row: the commit itself and a few scalar updates
+            committed[b] = row.append(tokens[b, : cut[b]], reasons[b], self.tokenizer)
             row.stats.steps += 1
-            row.stats.tree_tokens += int(sizes[b])
-            row.observe_step(float(step.expected[b]), k, TRUST_DECAY)
+            row.stats.tree_tokens += sizes[b]
+            row.observe_step(float(step.expected[b]), int(length[b]), TRUST_DECAY)
         self._credit(rows, step, path, np.minimum(committed, length))
         self._calibrate(step, path, length, tokens)
         for b, span in enumerate(step.spans):

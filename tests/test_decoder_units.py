@@ -141,7 +141,7 @@ def test_build_inputs_mask_and_positions():
     assert allowed[0, 2].tolist() == [1, 1, 1, 1, 1, 1, 0, 0, 0]
     assert allowed[0, 5].tolist() == [1, 1, 1, 1, 0, 0, 0, 1, 1]  # side 2 sees side 1, not the tree
     assert allowed[1, 0].tolist() == [0, 1, 1, 1, 0, 0, 0, 0, 0]  # the hole is masked
-    assert allowed[1, 3].tolist() == [0, 0, 0, 0, 0, 0, 1, 0, 0]  # padding sees itself only
+    assert allowed[1, 3].tolist() == [0, 1, 1, 0, 0, 0, 1, 0, 0]  # padding: the valid prefix and itself only
 
 
 @pytest.mark.parametrize("kind,attn", [("llama", "eager"), ("qwen2", "sdpa")])
