@@ -769,31 +769,89 @@ static void child_range(const Samples *S, int64_t t, int64_t *lo, int64_t *hi) {
     }
 }
 
-static PyObject *children_list(const Split *sp, const Samples *S, const int *live_of, Py_ssize_t nsh) {
-    PyObject *out = PyList_New(sp->nkids);
-    int64_t *lo = malloc(sizeof(int64_t) * (nsh + 1)), *hi = malloc(sizeof(int64_t) * (nsh + 1));
-    if (!out || !lo || !hi) {
-        Py_XDECREF(out), free(lo), free(hi);
-        return PyErr_NoMemory();
+/* ------------------------------------------------------------------- one split, reused buffers */
+
+typedef struct {  /* the buffers every split of one call reuses */
+    Split sp;         /* cand and scratch persist; the rest is set per split */
+    Samples *S;       /* [nsh + 1]: run buffers persist */
+    int *live_of;     /* [nsh + 1] */
+    int64_t *kr;      /* out: the children's ranges, [nkids][nsh][lo, hi] */
+    int64_t krcap;
+    Py_ssize_t nsh;
+} Splitter;
+
+static int splitter_init(Splitter *w, Py_ssize_t nsh) {
+    memset(w, 0, sizeof(*w));
+    w->nsh = nsh;
+    w->S = calloc(nsh + 1, sizeof(Samples));
+    w->live_of = malloc(sizeof(int) * (nsh + 1));
+    return w->S && w->live_of;
+}
+
+static void splitter_free(Splitter *w) {
+    for (Py_ssize_t i = 0; w->S && i <= w->nsh; i++)
+        free(w->S[i].pos), free(w->S[i].val), free(w->S[i].run);
+    free(w->S), free(w->live_of), free(w->kr), free(w->sp.cand), free(w->sp.scratch);
+    memset(w, 0, sizeof(*w));
+}
+
+/* The children of the node whose suffixes are rng [nsh][lo, hi] (ranges inside their shards), all
+ * of which share their first k tokens: w->sp.cand[:w->sp.nkids] (token, count in .low), best
+ * first, and their ranges in w->kr; w->sp.cut is the cut (see py_split). -> 0 on memory error. */
+static int split_node(Splitter *w, const Shard **sh, const int64_t *rng, int64_t k, int64_t seplim,
+                      int64_t keep, int64_t floor, const int64_t *waiting, int64_t nwait,
+                      int64_t samples, int64_t density) {
+    Split *sp = &w->sp;
+    Samples *S = w->S;
+    Py_ssize_t nsh = w->nsh;
+    sp->k = k, sp->seplim = seplim, sp->keep = keep, sp->floor = floor;
+    sp->samples = samples, sp->density = density, sp->waiting = waiting, sp->nwait = nwait;
+    sp->nkids = sp->ncand = 0;
+    int live = 0;
+    int64_t width = 0;
+    for (Py_ssize_t i = 0; i < nsh; i++) {
+        int64_t lo = rng[2 * i], hi = rng[2 * i + 1];
+        w->live_of[i] = -1;
+        if (hi <= lo) continue;
+        w->live_of[i] = live;
+        Samples *X = &S[live++];
+        X->sh = sh[i], X->lo = lo, X->hi = hi;
+        X->pos = X->val = NULL, X->m = X->runs = 0;  /* run and rcap: a buffer kept for reuse */
+        width += hi - lo;
     }
-    for (int64_t j = 0; j < sp->nkids; j++) {
-        const Cand *c = &sp->cand[j];
-        for (Py_ssize_t i = 0; i < nsh; i++) {
-            lo[i] = hi[i] = 0;
-            if (live_of[i] >= 0) child_range(&S[live_of[i]], c->token, &lo[i], &hi[i]);
+    sp->live = live;
+    sp->cut = floor > 1 ? floor : 1;
+    int ok = 1;
+    if (live && width >= sp->cut) ok = split_c(sp, S);
+    if (ok && sp->nkids) {
+        ok = grow(&w->kr, &w->krcap, sp->nkids * 2 * nsh);
+        for (int64_t j = 0; ok && j < sp->nkids; j++) {
+            int64_t *r = w->kr + j * 2 * nsh;
+            for (Py_ssize_t i = 0; i < nsh; i++) {
+                r[2 * i] = r[2 * i + 1] = 0;
+                if (w->live_of[i] >= 0) child_range(&S[w->live_of[i]], sp->cand[j].token, &r[2 * i], &r[2 * i + 1]);
+            }
         }
-        PyObject *ranges = ranges_tuple(lo, hi, nsh);
-        PyObject *item = ranges ? Py_BuildValue("(LL(LNL))", (long long)c->token, (long long)c->low,
-                                                (long long)(sp->k + 1), ranges, (long long)c->low)
-                                : NULL;
-        if (!item) {
-            Py_DECREF(out), free(lo), free(hi);
+    }
+    for (int i = 0; i < live; i++) {
+        free(S[i].pos), free(S[i].val);
+        S[i].pos = S[i].val = NULL;
+    }
+    return ok;
+}
+
+static PyObject *ranges_pairs(const int64_t *r, Py_ssize_t n) {  /* [n][lo, hi] -> ((lo, hi), ...) */
+    PyObject *t = PyTuple_New(n);
+    if (!t) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = Py_BuildValue("(LL)", (long long)r[2 * i], (long long)r[2 * i + 1]);
+        if (!x) {
+            Py_DECREF(t);
             return NULL;
         }
-        PyList_SET_ITEM(out, j, item);
+        PyTuple_SET_ITEM(t, i, x);
     }
-    free(lo), free(hi);
-    return out;
+    return t;
 }
 
 /* split(shards, ranges, k, seplim, keep, floor, waiting, samples, density) -> (children, cut)
@@ -817,13 +875,11 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
     if (!sh) return NULL;
     PyObject *rfast = PySequence_Fast(ranges_o, "split: ranges must be a sequence of (lo, hi)");
     int64_t *waiting = rfast ? int_array(waiting_o, &nw) : NULL;
-    Samples *S = calloc(nsh + 1, sizeof(Samples));
-    int *live_of = malloc(sizeof(int) * (nsh + 1));
+    int64_t *rng = malloc(sizeof(int64_t) * (2 * nsh + 2));
     PyObject *result = NULL;
-    Split sp = {.k = k, .seplim = seplim, .keep = keep, .floor = floor, .samples = samples,
-                .density = density};
-    int live = 0;
-    if (!rfast || !waiting || !S || !live_of) {
+    Splitter w;
+    int winit = splitter_init(&w, nsh);
+    if (!rfast || !waiting || !rng || !winit) {
         if (rfast && waiting) PyErr_NoMemory();
         goto done;
     }
@@ -831,40 +887,419 @@ static PyObject *py_split(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "split: one range per shard");
         goto done;
     }
-    sp.waiting = waiting, sp.nwait = nw;
-    int64_t width = 0;
     for (Py_ssize_t i = 0; i < nsh; i++) {
         long long lo, hi;
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(rfast, i), "LL", &lo, &hi)) goto done;
-        live_of[i] = -1;
-        if (hi <= lo) continue;
-        if (lo < 0 || hi > sh[i]->n) {
+        if (hi > lo && (lo < 0 || hi > sh[i]->n)) {
             PyErr_SetString(PyExc_ValueError, "split: a range lies outside its shard");
             goto done;
         }
-        live_of[i] = live;
-        S[live++] = (Samples){.sh = sh[i], .lo = lo, .hi = hi};
-        width += hi - lo;
+        rng[2 * i] = lo, rng[2 * i + 1] = hi;
     }
-    sp.live = live;
-    int ok = 1;
-    sp.cut = floor > 1 ? floor : 1;
-    if (live && width >= sp.cut) {
-        Py_BEGIN_ALLOW_THREADS
-        ok = split_c(&sp, S);
-        Py_END_ALLOW_THREADS
-    }
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = split_node(&w, sh, rng, k, seplim, keep, floor, waiting, nw, samples, density);
+    Py_END_ALLOW_THREADS
     if (!ok) {
         PyErr_NoMemory();
         goto done;
     }
-    PyObject *kids = children_list(&sp, S, live_of, nsh);
-    if (kids) result = Py_BuildValue("(NL)", kids, (long long)sp.cut);
+    PyObject *kids = PyList_New(w.sp.nkids);
+    for (int64_t j = 0; kids && j < w.sp.nkids; j++) {
+        const Cand *c = &w.sp.cand[j];
+        PyObject *ranges = ranges_pairs(w.kr + j * 2 * nsh, nsh);
+        PyObject *item = ranges ? Py_BuildValue("(LL(LNL))", (long long)c->token, (long long)c->low,
+                                                (long long)(k + 1), ranges, (long long)c->low)
+                                : NULL;
+        if (!item) {
+            Py_CLEAR(kids);
+            break;
+        }
+        PyList_SET_ITEM(kids, j, item);
+    }
+    if (kids) result = Py_BuildValue("(NL)", kids, (long long)w.sp.cut);
 done:
-    for (int i = 0; S && i < live; i++)
-        free(S[i].pos), free(S[i].val), free(S[i].run);
-    free(S), free(live_of), free(waiting), free(sh), free(sp.cand), free(sp.scratch);
+    splitter_free(&w);
+    free(rng), free(waiting), free(sh);
     Py_XDECREF(rfast);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------ drafting */
+
+/* The whole draft of datastore.index.draft_from in C: barrier, longest match by bisection,
+ * min_count backoff, then the best-first expansion of the trie. Nodes pop by larger count, then
+ * smaller token, then discovery order (datastore.tree.expand_best_first's order), until `budget`
+ * nodes or `max_depth`. The expansion mirrors the `left` (pops still to come) best counts waiting
+ * in its heap (the "frontier"): a child that ranks below `left` of them, or below `left` of its
+ * siblings, can never be popped, so the split neither needs nor computes it. */
+
+typedef struct {
+    int64_t count, token, seq, roff;  /* roff: its children's ranges, pool[roff : roff + 2 nsh] */
+    int32_t parent, depth;            /* depth 1 = a child of the context */
+} HNode;
+
+typedef struct {  /* one drafting thread's state, reused over the contexts of a batch */
+    Splitter w;
+    const Shard **sh;
+    Py_ssize_t nsh;
+    int64_t seplim, samples, density;
+    HNode *heap;
+    int64_t nheap, hcap;
+    int64_t *pool, npool, pcap;   /* ranges of the nodes pushed in this draft */
+    int64_t *top, ntop, tcap;     /* the frontier: best waiting counts, descending */
+    int64_t *tmp, tmpcap;
+    int64_t *rng, *found;         /* [nsh][lo, hi] */
+    int32_t *otok, *opar;         /* out: every tree, concatenated */
+    int64_t *ocnt, nout, ocap;
+} Drafter;
+
+static int drafter_init(Drafter *d, const Shard **sh, Py_ssize_t nsh, int64_t seplim,
+                        int64_t samples, int64_t density) {
+    memset(d, 0, sizeof(*d));
+    d->sh = sh, d->nsh = nsh, d->seplim = seplim, d->samples = samples, d->density = density;
+    d->rng = malloc(sizeof(int64_t) * (2 * nsh + 2));
+    d->found = malloc(sizeof(int64_t) * (2 * nsh + 2));
+    return splitter_init(&d->w, nsh) && d->rng && d->found;
+}
+
+static void drafter_free(Drafter *d) {
+    splitter_free(&d->w);
+    free(d->heap), free(d->pool), free(d->top), free(d->tmp), free(d->rng), free(d->found);
+    free(d->otok), free(d->opar), free(d->ocnt);
+}
+
+static inline int hless(const HNode *a, const HNode *b) {  /* a pops before b */
+    if (a->count != b->count) return a->count > b->count;
+    if (a->token != b->token) return a->token < b->token;
+    return a->seq < b->seq;
+}
+
+static int heap_push(Drafter *d, HNode x) {
+    if (d->nheap == d->hcap) {
+        int64_t c = d->hcap ? 2 * d->hcap : 64;
+        HNode *h = realloc(d->heap, sizeof(HNode) * c);
+        if (!h) return 0;
+        d->heap = h, d->hcap = c;
+    }
+    HNode *h = d->heap;
+    int64_t i = d->nheap++;
+    while (i > 0) {
+        int64_t p = (i - 1) >> 1;
+        if (!hless(&x, &h[p])) break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = x;
+    return 1;
+}
+
+static HNode heap_pop(Drafter *d) {
+    HNode *h = d->heap, top = h[0], x = h[--d->nheap];
+    int64_t n = d->nheap, i = 0;
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && hless(&h[c + 1], &h[c])) c++;
+        if (!hless(&h[c], &x)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (n) h[i] = x;
+    return top;
+}
+
+/* Pushes the splitter's children (parent, depth) with their ranges; the frontier takes the counts
+ * of the first `left` of them and keeps its `left` best. */
+static int push_children(Drafter *d, int32_t parent, int32_t depth, int64_t *seq, int64_t left) {
+    const Split *sp = &d->w.sp;
+    int64_t nk = sp->nkids, width = 2 * d->nsh;
+    if (!grow(&d->pool, &d->pcap, d->npool + nk * width + 1)) return 0;
+    for (int64_t j = 0; j < nk; j++) {
+        HNode x = {sp->cand[j].low, sp->cand[j].token, (*seq)++, d->npool, parent, depth};
+        memcpy(d->pool + d->npool, d->w.kr + j * width, sizeof(int64_t) * width);
+        d->npool += width;
+        if (!heap_push(d, x)) return 0;
+    }
+    if (left <= 0) {
+        d->ntop = 0;
+        return 1;
+    }
+    int64_t take = nk < left ? nk : left;  /* children come best first: merge two descending lists */
+    if (!grow(&d->tmp, &d->tmpcap, left + 1) || !grow(&d->top, &d->tcap, left + 1)) return 0;
+    int64_t a = 0, b = 0, n = 0;
+    while (n < left && (a < d->ntop || b < take)) {
+        if (b >= take || (a < d->ntop && d->top[a] >= sp->cand[b].low)) d->tmp[n++] = d->top[a++];
+        else d->tmp[n++] = sp->cand[b++].low;
+    }
+    memcpy(d->top, d->tmp, sizeof(int64_t) * n);
+    d->ntop = n;
+    return 1;
+}
+
+static int emit(Drafter *d, int64_t token, int64_t parent, int64_t count) {
+    if (d->nout == d->ocap) {
+        int64_t c = d->ocap ? 2 * d->ocap : 256;
+        int32_t *t = realloc(d->otok, sizeof(int32_t) * c);
+        if (t) d->otok = t;
+        int32_t *p = realloc(d->opar, sizeof(int32_t) * c);
+        if (p) d->opar = p;
+        int64_t *n = realloc(d->ocnt, sizeof(int64_t) * c);
+        if (n) d->ocnt = n;
+        if (!t || !p || !n) return 0;
+        d->ocap = c;
+    }
+    d->otok[d->nout] = (int32_t)token, d->opar[d->nout] = (int32_t)parent, d->ocnt[d->nout] = count;
+    d->nout++;
+    return 1;
+}
+
+/* Suffix ranges of the last len tokens of tail in every shard into out; -> their total. */
+static int64_t suffix_ranges(const Drafter *d, const int64_t *tail, int64_t m, int64_t len,
+                             int64_t *out) {
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < d->nsh; i++) {
+        out[2 * i] = 0, out[2 * i + 1] = 0;
+        if (d->sh[i]->n > 0) {
+            out[2 * i + 1] = -1;
+            pattern_range_c(d->sh[i], tail + m - len, len, &out[2 * i], &out[2 * i + 1]);
+        }
+        total += out[2 * i + 1] - out[2 * i];
+    }
+    return total;
+}
+
+/* One draft after tail [m] (the context's last <= max_suffix ids), appended to d's output;
+ * *match_len = the suffix length it grew from (0: none). -> 0 on memory error. */
+static int draft_one(Drafter *d, const int64_t *tail, int64_t m, int64_t budget, int64_t max_depth,
+                     int64_t max_suffix, int64_t min_suffix, int64_t min_count, int64_t *match_len) {
+    *match_len = 0;
+    int64_t start = m;  /* ids outside [0, separator) occur in no document: barriers */
+    while (start > 0 && tail[start - 1] >= 0 && tail[start - 1] < d->seplim) start--;
+    tail += start, m -= start;
+    if (budget <= 0 || m < min_suffix || d->nsh == 0) return 1;
+    int64_t a = min_suffix < 1 ? 1 : min_suffix, b = m, L = 0;
+    while (a <= b) {  /* longest match: a suffix of length L occurs wherever one of L + 1 does */
+        int64_t mid = a + ((b - a) >> 1), found = 0;
+        for (Py_ssize_t i = 0; i < d->nsh && !found; i++)
+            found = d->sh[i]->n > 0 && occurs_c(d->sh[i], tail + m - mid, mid);
+        if (found) L = mid, a = mid + 1;
+        else b = mid - 1;
+    }
+    if (!L) return 1;
+    int64_t total = suffix_ranges(d, tail, m, L, d->rng);
+    if (min_count > 1 && L < max_suffix && total < min_count) {  /* backoff: counts fall as L grows */
+        int64_t lo_len = min_suffix, hi_len = L;
+        while (lo_len < hi_len) {
+            int64_t mid = (lo_len + hi_len) / 2;
+            if (suffix_ranges(d, tail, m, mid, d->found) >= min_count) {
+                L = mid, lo_len = mid + 1;
+                memcpy(d->rng, d->found, sizeof(int64_t) * 2 * d->nsh);
+            } else {
+                hi_len = mid;
+            }
+        }
+    }
+    *match_len = L;
+    d->nheap = d->npool = d->ntop = 0;
+    int64_t seq = 0, popped = 0, n = 0;
+    if (!split_node(&d->w, d->sh, d->rng, L, d->seplim, budget, 0, NULL, 0, d->samples, d->density)
+        || !push_children(d, -1, 1, &seq, budget))
+        return 0;
+    while (d->nheap && n < budget) {
+        HNode x = heap_pop(d);
+        if (!emit(d, x.token, x.parent, x.count)) return 0;
+        int32_t index = (int32_t)n++;
+        popped++;
+        if (d->ntop && d->top[0] == x.count) {  /* the frontier's best count was popped */
+            memmove(d->top, d->top + 1, sizeof(int64_t) * (d->ntop - 1));
+            d->ntop--;
+        } else {  /* cannot happen with this pop order; stay exact regardless */
+            d->ntop = 0;
+        }
+        int64_t left = budget - popped;
+        if (x.depth >= max_depth || left <= 0) continue;
+        /* a child below the left-th best count waiting in the heap can never be popped */
+        int64_t floor = left <= d->ntop ? d->top[left - 1] : 0;
+        if (!split_node(&d->w, d->sh, d->pool + x.roff, L + x.depth, d->seplim, left, floor, d->top,
+                        d->ntop, d->samples, d->density)
+            || !push_children(d, index, x.depth + 1, &seq, left))
+            return 0;
+    }
+    return 1;
+}
+
+/* The last <= max_suffix ids of a context (a list/tuple of ints, or a 1-D integer buffer such as a
+ * numpy array) into out; -> how many, -1 with an exception set. Ids beyond int64 become
+ * INT64_MAX / INT64_MIN (they occur nowhere either way). */
+static int64_t context_tail(PyObject *ctx, int64_t max_suffix, int64_t **buf, int64_t *cap,
+                            int64_t at) {
+    int64_t *out;
+    if (!PyList_Check(ctx) && !PyTuple_Check(ctx) && PyObject_CheckBuffer(ctx)) {
+        Py_buffer b;
+        if (PyObject_GetBuffer(ctx, &b, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return -1;
+        const char *f = b.format ? b.format : "B";
+        while (*f == '<' || *f == '=' || *f == '@') f++;
+        char code = f[0];
+        int ok = b.ndim == 1 && code && !f[1] && strchr("bBhHiIlLqQ?", code) != NULL;
+        if (!ok) {
+            PyBuffer_Release(&b);
+            PyErr_Format(PyExc_TypeError, "token ids must be a 1-D sequence of integers, got a "
+                         "buffer of format %s and %d dimensions", b.format ? b.format : "B", b.ndim);
+            return -1;
+        }
+        int64_t len = b.shape[0], take = len < max_suffix ? len : max_suffix;
+        if (!grow(buf, cap, at + take + 1)) {
+            PyBuffer_Release(&b);
+            PyErr_NoMemory();
+            return -1;
+        }
+        out = *buf + at;
+        const char *base = (const char *)b.buf;
+        for (int64_t j = 0; j < take; j++) {
+            const char *p = base + (len - take + j) * b.strides[0];
+            int64_t v;
+            switch (code) {
+            case 'b': v = *(const int8_t *)p; break;
+            case 'B': case '?': v = *(const uint8_t *)p; break;
+            case 'h': v = *(const int16_t *)p; break;
+            case 'H': v = *(const uint16_t *)p; break;
+            case 'i': v = *(const int32_t *)p; break;
+            case 'I': v = *(const uint32_t *)p; break;
+            case 'l': case 'q':
+                v = b.itemsize == 4 ? *(const int32_t *)p : *(const int64_t *)p; break;
+            default: {  /* L, Q */
+                uint64_t u = b.itemsize == 4 ? *(const uint32_t *)p : *(const uint64_t *)p;
+                v = u > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)u;
+            }
+            }
+            out[j] = v;
+        }
+        PyBuffer_Release(&b);
+        return take;
+    }
+    PyObject *fast = PySequence_Fast(ctx, "token ids must be a 1-D sequence of integers");
+    if (!fast) return -1;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(fast), take = len < max_suffix ? len : max_suffix;
+    if (!grow(buf, cap, at + take + 1)) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    out = *buf + at;
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    for (Py_ssize_t j = 0; j < take; j++) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(items[len - take + j], &overflow);
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        out[j] = overflow > 0 ? INT64_MAX : overflow < 0 ? INT64_MIN : (int64_t)v;
+    }
+    Py_DECREF(fast);
+    return take;
+}
+
+/* An int or a sequence of n ints -> malloc'ed [n] (NULL + exception on error). */
+static int64_t *per_context(PyObject *o, Py_ssize_t n, const char *name) {
+    int64_t *out = malloc(sizeof(int64_t) * (n + 1));
+    if (!out) return (int64_t *)PyErr_NoMemory();
+    if (PyLong_Check(o)) {
+        long long v = PyLong_AsLongLong(o);
+        if (v == -1 && PyErr_Occurred()) {
+            free(out);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) out[i] = v;
+        return out;
+    }
+    free(out);
+    Py_ssize_t m;
+    out = int_array(o, &m);
+    if (out && m != n) {
+        free(out);
+        PyErr_Format(PyExc_ValueError, "draft_batch: %s has %zd values for %zd contexts", name, m, n);
+        return NULL;
+    }
+    return out;
+}
+
+static PyObject *bytes_of(const void *p, int64_t nbytes) {
+    return PyByteArray_FromStringAndSize(nbytes ? (const char *)p : "", (Py_ssize_t)nbytes);
+}
+
+/* draft_batch(shards, contexts, budgets, max_depths, max_suffix, min_suffix, seplim, min_count,
+ *             samples, density) -> (tokens, parents, counts, offsets, match_lens)
+ * One exact trie per context (budgets, max_depths: an int, or one per context), all drafted with
+ * the GIL released; out as bytearrays: tokens [total] int32, parents [total] int32 (within the
+ * tree), counts [total] int64, offsets [n + 1] int64 (tree i = [offsets[i], offsets[i + 1])),
+ * match_lens [n] int64. */
+static PyObject *py_draft_batch(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *shards_o, *contexts_o, *budgets_o, *depths_o;
+    long long max_suffix, min_suffix, seplim, min_count, samples, density;
+    if (!PyArg_ParseTuple(args, "OOOOLLLLLL", &shards_o, &contexts_o, &budgets_o, &depths_o,
+                          &max_suffix, &min_suffix, &seplim, &min_count, &samples, &density))
+        return NULL;
+    if (samples < 1 || density < 1 || min_suffix < 1 || max_suffix < min_suffix || min_count < 1) {
+        PyErr_SetString(PyExc_ValueError, "draft_batch: need samples, density, min_count >= 1 and "
+                                          "1 <= min_suffix <= max_suffix");
+        return NULL;
+    }
+    Py_ssize_t nsh;
+    const Shard **sh = shard_array(shards_o, &nsh);
+    if (!sh) return NULL;
+    PyObject *cfast = PySequence_Fast(contexts_o, "draft_batch: contexts must be a sequence");
+    Py_ssize_t n = cfast ? PySequence_Fast_GET_SIZE(cfast) : 0;
+    int64_t *budgets = cfast ? per_context(budgets_o, n, "budgets") : NULL;
+    int64_t *depths = budgets ? per_context(depths_o, n, "max_depths") : NULL;
+    int64_t *tails = NULL, tcap = 0;  /* the contexts' tails, concatenated: tail i at toff[i] */
+    int64_t *tlen = depths ? malloc(sizeof(int64_t) * (n + 1)) : NULL;
+    int64_t *toff = tlen ? malloc(sizeof(int64_t) * (n + 1)) : NULL;
+    int64_t *offsets = toff ? malloc(sizeof(int64_t) * (n + 1)) : NULL;
+    int64_t *match = offsets ? malloc(sizeof(int64_t) * (n + 1)) : NULL;
+    PyObject *result = NULL;
+    Drafter d;
+    int dinit = 0;
+    if (!match) {
+        if (depths && !PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (budgets[i] < 0 || depths[i] < 1) {
+            PyErr_SetString(PyExc_ValueError, "draft_batch: need budget >= 0 and max_depth >= 1");
+            goto done;
+        }
+        toff[i] = i ? toff[i - 1] + tlen[i - 1] : 0;
+        tlen[i] = context_tail(PySequence_Fast_GET_ITEM(cfast, i), max_suffix, &tails, &tcap, toff[i]);
+        if (tlen[i] < 0) goto done;
+    }
+    dinit = 1;
+    if (!drafter_init(&d, sh, nsh, seplim, samples, density)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int ok = 1;
+    Py_BEGIN_ALLOW_THREADS
+    offsets[0] = 0;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        ok = draft_one(&d, tails + toff[i], tlen[i], budgets[i], depths[i], max_suffix,
+                       min_suffix, min_count, &match[i]);
+        offsets[i + 1] = d.nout;
+    }
+    Py_END_ALLOW_THREADS
+    if (!ok) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_BuildValue("(NNNNN)", bytes_of(d.otok, 4 * d.nout), bytes_of(d.opar, 4 * d.nout),
+                           bytes_of(d.ocnt, 8 * d.nout), bytes_of(offsets, 8 * (n + 1)),
+                           bytes_of(match, 8 * n));
+done:
+    if (dinit) drafter_free(&d);
+    free(sh), free(budgets), free(depths), free(tails), free(tlen), free(toff), free(offsets), free(match);
+    Py_XDECREF(cfast);
     return result;
 }
 
@@ -875,6 +1310,9 @@ static PyMethodDef methods[] = {
      "longest_match(shards, tail, min_suffix) -> (L, ranges) of the longest matching suffix."},
     {"split", py_split, METH_VARARGS,
      "split(shards, ranges, k, seplim, keep, floor, waiting, samples, density) -> (children, cut)."},
+    {"draft_batch", py_draft_batch, METH_VARARGS,
+     "draft_batch(shards, contexts, budgets, max_depths, max_suffix, min_suffix, seplim, min_count, "
+     "samples, density) -> (tokens, parents, counts, offsets, match_lens) as bytearrays."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,29 +12,30 @@ and the child splitting run in the compiled `datastore._kernel` (datastore/_kern
   ranges are sampled, never read whole: every sampled token's count is bracketed by its
   neighbouring samples, any unsampled token's count by the widest gap it could hide in, and only
   the gaps around tokens that can still make the cut are sampled further, until their boundaries
-  are exact (the kernel's comment has the details). Large splits are cached: the same frequent
-  n-grams recur across calls.
-* `draft_from` finds the longest matching context suffix by bisection over its length (a suffix of
-  length L matches wherever one of length L + 1 does) and expands the trie best-first with
-  `datastore.tree.expand_best_first`, counting occurrences summed over all indexes, so a sharded
-  datastore drafts exactly what one unsharded datastore drafts. It mirrors the counts waiting in
-  the expansion's heap: a child that ranks below `left` of them (left = pops still to come), or
-  below `left` of its siblings, can never be popped, so it is neither needed nor computed.
+  are exact (the kernel's comment has the details).
+* `draft_from` / `draft_batch` run the whole draft in the kernel, one C call for a batch of
+  contexts with the GIL released: the longest matching context suffix by bisection over its length
+  (a suffix of length L matches wherever one of length L + 1 does), the min_count backoff, and the
+  best-first expansion of the trie (pops by larger count, then smaller token id, then discovery
+  order: `datastore.tree.expand_best_first`'s order), counting occurrences summed over all indexes,
+  so a sharded datastore drafts exactly what one unsharded datastore drafts. The expansion mirrors
+  the counts waiting in its heap: a child that ranks below `left` of them (left = pops still to
+  come), or below `left` of its siblings, can never be popped, so it is neither needed nor computed.
+  (Until the expansion moved into C it ran here, in Python, with a cache of large splits: ~200 us a
+  draft at the median on the stdlib store, against ~25 us now without any cache; that Python
+  expansion is kept as a reference in tests/test_datastore_batch.py.)
 
 The separator that ends every document is never a child and never part of a match: ids outside
 [0, separator) in a context act as barriers, since no document contains them.
 """
 from __future__ import annotations
 
-import itertools
 import operator
-import threading
-from collections import OrderedDict
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from datastore.tree import DraftTree, expand_best_first
+from datastore.tree import DraftTree
 
 try:
     from datastore import _kernel
@@ -50,14 +51,9 @@ SAMPLES = 128
 # sparser leaves more small tokens whose upper bound reaches the cut (each then needs exact
 # boundary searches), denser reads more samples. Same measure: 2.79 ms at 1, 1.65 at 2, 1.68 at 3.
 DENSITY = 2
-# Splits of ranges wider than this are cached (a hit costs ~2 µs, a large split 10-800 µs).
-CACHE_RANGE = 4096
-# Splits remembered (each <= budget children): the same frequent n-grams recur across calls.
-SPLIT_CACHE = 4096
 NO_SEPARATOR = (1 << 63) - 1  # token limit when there is no separator: every id >= 0 is a token
 Ranges = tuple[tuple[int, int], ...]  # (lo, hi) per index
 Handle = tuple[int, Ranges, int]  # a trie node: (offset of its children's token, ranges, count)
-_SERIALS = itertools.count()
 
 
 class SuffixIndex:
@@ -67,7 +63,7 @@ class SuffixIndex:
     document. Suffixes must be sorted by token value, a shorter suffix first (pydivsufsort's order).
     """
 
-    __slots__ = ("tokens", "sa", "n", "separator", "serial", "starts", "kernel")
+    __slots__ = ("tokens", "sa", "n", "separator", "starts", "kernel")
 
     def __init__(self, tokens: np.ndarray, sa: np.ndarray, separator: int | None = None) -> None:
         assert tokens.ndim == 1 and tokens.dtype in (np.uint16, np.uint32), (tokens.shape, tokens.dtype)
@@ -79,7 +75,6 @@ class SuffixIndex:
         if separator is None and self.n:
             separator = int(self.tokens[-1])
         self.separator = None if separator is None else int(separator)
-        self.serial = next(_SERIALS)  # identifies the index in split caches (ids can be reused)
         self.starts = _bucket_starts(self.tokens)  # [max token + 2] int64
         self.kernel = _kernel.Shard(self.tokens, self.sa, self.starts)  # holds views of all three
 
@@ -173,71 +168,9 @@ def split_children(indexes: Sequence[SuffixIndex], ranges: Ranges, k: int,
     if keep <= 0:
         return []
     sep = _separator(indexes, separator)
-    split = _Splitter(indexes, NO_SEPARATOR if sep is None else sep)
-    return split(tuple(ranges), k, keep, floor, list(waiting), sum(hi - lo for lo, hi in ranges))
-
-
-class _Splitter:
-    """split_children for one draft: the kernel's shards, and the split cache for wide ranges."""
-
-    __slots__ = ("shards", "serials", "seplim")
-
-    def __init__(self, indexes: Sequence[SuffixIndex], seplim: int) -> None:
-        self.shards = tuple(ix.kernel for ix in indexes)
-        self.serials = tuple(ix.serial for ix in indexes)
-        self.seplim = seplim
-
-    def __call__(self, ranges: Ranges, k: int, keep: int, floor: int, waiting: list[int],
-                 width: int) -> list[tuple[int, int, Handle]]:
-        """width: the suffixes in ranges (the node's count)."""
-        if width <= CACHE_RANGE:
-            return _kernel.split(self.shards, ranges, k, self.seplim, keep, floor, waiting,
-                                 SAMPLES, DENSITY)[0]
-        key = (self.serials, ranges, k, self.seplim)
-        hit = _SPLITS.get(key, keep, floor)
-        if hit is None:
-            kids, cut = _kernel.split(self.shards, ranges, k, self.seplim, keep, floor, waiting,
-                                      SAMPLES, DENSITY)
-            _SPLITS.put(key, keep, cut, kids)
-            return kids
-        return hit
-
-
-class _SplitCache:
-    """LRU of large splits: {(index serials, ranges, k, separator): (keep, cut, children)}, where
-    children are the best `keep` of the children with count >= cut: a prefix of the full sorted
-    list. It answers a call (keep', floor') when it holds keep' children, or all down to the cut
-    and floor' >= cut. Serials are never reused, so an entry can never be read for another index."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._data: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key, keep: int, floor: int):
-        with self._lock:
-            hit = self._data.get(key)
-            if hit is None:
-                return None
-            most, cut, kids = hit
-            if len(kids) < keep and (floor < cut or len(kids) >= most):
-                return None
-            self._data.move_to_end(key)
-        return [c for c in kids[:keep] if c[1] >= floor]
-
-    def put(self, key, keep: int, cut: int, children: list) -> None:
-        with self._lock:
-            self._data[key] = (keep, cut, children)
-            self._data.move_to_end(key)
-            while len(self._data) > self.capacity:
-                self._data.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-
-
-_SPLITS = _SplitCache(SPLIT_CACHE)
+    return _kernel.split(tuple(ix.kernel for ix in indexes), tuple(ranges), k,
+                         NO_SEPARATOR if sep is None else sep, keep, floor, list(waiting), SAMPLES,
+                         DENSITY)[0]
 
 
 # ------------------------------------------------------------------------------------- drafting
@@ -270,38 +203,70 @@ def draft_from(indexes: Sequence[SuffixIndex], context, budget: int = 64, max_de
     context: 1-D token ids (list, numpy or torch); only its last max_suffix ids are read.
     separator: defaults to the indexes' own. match_len = the suffix length L the trie grows from:
     the longest that matches, or with min_count > 1 and a match shorter than max_suffix the
-    longest seen >= min_count times (`backoff_match`).
+    longest seen >= min_count times (`backoff_match`). One call of the kernel (`draft_batch`).
     """
-    _check_draft_args(budget, max_depth, max_suffix, min_suffix, min_count)
+    return draft_batch(indexes, (context,), budget, max_depth, max_suffix, min_suffix, separator,
+                       min_count)[0]
+
+
+def draft_batch(indexes: Sequence[SuffixIndex], contexts: Sequence, budget=64, max_depth=16,
+                max_suffix: int = 16, min_suffix: int = 1, separator: int | None = None,
+                min_count: int = 1) -> list[DraftTree]:
+    """`draft_from` for every context, in one call of the kernel with the GIL released.
+
+    budget, max_depth: an int, or one per context. The trees are exactly draft_from's, each
+    context drafted on its own: tokens, parents, counts and match_len.
+    """
+    n = len(contexts)
+    budgets, depths = _per_context(budget, n, "budget"), _per_context(max_depth, n, "max_depth")
+    _check_draft_args(budgets if isinstance(budgets, int) else min(budgets, default=0),
+                      depths if isinstance(depths, int) else min(depths, default=1),
+                      max_suffix, min_suffix, min_count)
     indexes = list(indexes)
+    if not indexes or not n:
+        return [DraftTree.empty() for _ in range(n)]
     sep = _separator(indexes, separator)
-    tail = _as_ints(context[-max_suffix:] if len(context) else context)
-    tail = tail[_barrier(tail, sep) + 1:]
-    if budget == 0 or len(tail) < min_suffix or not indexes:
-        return DraftTree.empty()
-    L, ranges = longest_match(indexes, tail, min_suffix)
-    if L == 0:
-        return DraftTree.empty()
-    L, ranges = backoff_match(indexes, tail, min_suffix, L, ranges, min_count, max_suffix)
-    split = _Splitter(indexes, NO_SEPARATOR if sep is None else sep)
-    frontier = _Frontier(budget)
-    roots = split(ranges, L, budget, 0, [], sum(hi - lo for lo, hi in ranges))
-    frontier.push(roots)
+    # lists, tuples and integer numpy arrays go to the kernel as they are (it reads only their
+    # last max_suffix ids); anything else (torch tensors, ...) becomes a list of ints first
+    ctxs = [c if type(c) in _NATIVE or (isinstance(c, np.ndarray) and c.dtype.kind in "iub"
+                                        and c.dtype.isnative)
+            else _as_ints(c[-max_suffix:] if len(c) else c) for c in contexts]
+    tok, par, cnt, off, match = _kernel.draft_batch(
+        tuple(ix.kernel for ix in indexes), ctxs, budgets, depths, max_suffix, min_suffix,
+        NO_SEPARATOR if sep is None else sep, min_count, SAMPLES, DENSITY)
+    tok = np.frombuffer(tok, dtype=np.int32)  # [total] every tree's nodes, concatenated
+    par = np.frombuffer(par, dtype=np.int32)
+    cnt = np.frombuffer(cnt, dtype=np.int64)
+    off = np.frombuffer(off, dtype=np.int64).tolist()  # [n + 1]
+    return [_kernel_tree(tok[a:b], par[a:b], cnt[a:b], m)
+            for a, b, m in zip(off, off[1:], np.frombuffer(match, dtype=np.int64).tolist())]
 
-    def children(handle: Handle) -> Iterable:
-        k, rng, count = handle
-        left = budget - frontier.pop(count)
-        if k - L >= max_depth or left <= 0:  # depth k - L; see the max_depth + 1 below
-            return ()
-        # A child below the left-th best count waiting in the heap can never be popped.
-        kids = split(rng, k, left, frontier.floor(left), frontier.top, count)
-        frontier.push(kids)
-        return kids
 
-    # One level deeper than asked, so that every pop reaches children() (which returns nothing at
-    # max_depth): the frontier then knows exactly which counts are still waiting in the heap.
-    tokens, parents, counts = expand_best_first(roots, children, budget, max_depth + 1)
-    return DraftTree(tokens, parents, counts, match_len=L)
+_NATIVE = (list, tuple)
+
+
+def _per_context(value, n: int, name: str) -> int | list[int]:
+    """An int, or a list of n ints (one per context)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        pass
+    values = [operator.index(v) for v in value]
+    if len(values) != n:
+        raise ValueError(f"{name}: {len(values)} values for {n} contexts")
+    return values
+
+_TREE_FIELDS = ("tokens", "parents", "counts", "match_len", "source")
+
+
+def _kernel_tree(tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, match_len: int
+                 ) -> DraftTree:
+    """A DraftTree from the kernel's arrays (already int32/int32/int64, contiguous, parents before
+    children), without DraftTree's checks: they cost ~12 us a tree, more than many drafts."""
+    tree = object.__new__(DraftTree)
+    for name, value in zip(_TREE_FIELDS, (tokens, parents, counts, match_len, "retrieval")):
+        object.__setattr__(tree, name, value)
+    return tree
 
 
 def backoff_match(indexes: Sequence[SuffixIndex], tail: list[int], min_suffix: int, L: int,
@@ -330,35 +295,3 @@ def backoff_match(indexes: Sequence[SuffixIndex], tail: list[int], min_suffix: i
         else:
             hi_len = mid
     return best
-
-
-class _Frontier:
-    """The best counts waiting in expand_best_first's heap, mirrored from its pushes and pops.
-
-    Only the `left` largest are kept (left = pops still to come): a count below them can never be
-    the left-th largest again, since every pop removes the largest waiting count.
-    """
-
-    __slots__ = ("top", "budget", "popped")
-
-    def __init__(self, budget: int) -> None:
-        self.top: list[int] = []  # descending
-        self.budget = budget
-        self.popped = 0
-
-    def push(self, kids: list) -> None:
-        left = self.budget - self.popped
-        self.top = sorted(self.top + [c for _, c, _ in kids[:left]], reverse=True)[:left]
-
-    def pop(self, count: int) -> int:
-        """The node with `count` (the largest waiting) was popped; -> nodes popped so far."""
-        self.popped += 1
-        if self.top and self.top[0] == count:
-            del self.top[0]
-        else:  # cannot happen with expand_best_first's order; stay exact regardless
-            self.top = []
-        return self.popped
-
-    def floor(self, r: int) -> int:
-        """The r-th largest waiting count (0 when fewer than r wait)."""
-        return self.top[r - 1] if 0 < r <= len(self.top) else 0

@@ -27,7 +27,7 @@ from datastore.format import (
     FORMAT_VERSION, META_KEY, DatastoreError, docs_key, sa_key, separator_for, shard_checksum,
     token_dtype_for, tokens_key,
 )
-from datastore.index import SuffixIndex, count_in, draft_from
+from datastore.index import SuffixIndex, count_in, draft_batch, draft_from
 from datastore.tree import DraftTree
 
 DATA_FILE = "data.mdb"
@@ -267,6 +267,16 @@ class Datastore:
         indexes = self._live_indexes() + list(extra_indexes)
         return draft_from(indexes, context, budget, max_depth, max_suffix, min_suffix,
                           self.separator, min_count)
+
+    def draft_batch(self, contexts: Sequence, budget: int | Sequence[int] = 64,
+                    max_depth: int | Sequence[int] = 16, max_suffix: int = 16, min_suffix: int = 1,
+                    extra_indexes: Sequence[SuffixIndex] = (), min_count: int = 1
+                    ) -> list[DraftTree]:
+        """`draft` for every context (one tree each, in order), in one call of the compiled kernel
+        with the GIL released; budget and max_depth: an int, or one per context."""
+        indexes = self._live_indexes() + list(extra_indexes)
+        return draft_batch(indexes, contexts, budget, max_depth, max_suffix, min_suffix,
+                           self.separator, min_count)
 
     # ------------------------------------------------------------------ lifetime
     def _live_indexes(self) -> list[SuffixIndex]:

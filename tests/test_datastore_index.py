@@ -30,17 +30,16 @@ def split_docs(docs, cuts):
     return groups
 
 
-SAMPLING_MODES = [  # every range sampled with strides > 1, hunted sparsely to densely, cached
-    dict(SAMPLES=1, DENSITY=1, CACHE_RANGE=0),
-    dict(SAMPLES=2, DENSITY=3, CACHE_RANGE=1 << 62),
-    dict(SAMPLES=3, DENSITY=1, CACHE_RANGE=1),
-    dict(SAMPLES=2, DENSITY=64, CACHE_RANGE=0),
-    dict(SAMPLES=1 << 40, DENSITY=1, CACHE_RANGE=0),  # every range read whole
+SAMPLING_MODES = [  # every range sampled with strides > 1, hunted sparsely to densely
+    dict(SAMPLES=1, DENSITY=1),
+    dict(SAMPLES=2, DENSITY=3),
+    dict(SAMPLES=3, DENSITY=1),
+    dict(SAMPLES=2, DENSITY=64),
+    dict(SAMPLES=1 << 40, DENSITY=1),  # every range read whole
 ]
 
 
 def force_sampling(mode: int = 0):
-    index_mod._SPLITS.clear()
     return mock.patch.multiple(index_mod, **SAMPLING_MODES[mode])
 
 
@@ -229,15 +228,14 @@ def test_split_children_keeps_only_what_can_be_popped():
     assert split_children([ix], ranges, 1, 9, keep=0) == []
 
 
-def test_split_children_floor_and_cache():
-    """A floor drops exactly the children below it; cached large splits answer smaller keeps and
-    higher floors, and never another index's question."""
+def test_split_children_floor():
+    """A floor drops exactly the children below it, on a large (sampled) range; another index with
+    the same shape gives its own answer."""
     rng = np.random.default_rng(11)
     docs = [np.where(rng.random(3000) < 0.4, 0, rng.integers(1, 40, 3000)) for _ in range(10)]
     ix = make_index(docs, 40)
     ranges = (pattern_range(ix, [0]),)
-    assert ranges[0][1] - ranges[0][0] > index_mod.CACHE_RANGE  # the cached, sampled path
-    index_mod._SPLITS.clear()
+    assert ranges[0][1] - ranges[0][0] > 4 * index_mod.SAMPLES  # the sampled path
     full = split_children([ix], ranges, 1, 40)
     want = {}
     for d in docs:
@@ -250,7 +248,7 @@ def test_split_children_floor_and_cache():
     floor = full[5][1]
     for keep, fl in ((64, floor), (3, 0), (2, floor), (64, 0)):
         expect = [x for x in full if x[1] >= fl][:keep]
-        assert split_children([ix], ranges, 1, 40, keep, fl) == expect  # cache hits and misses
+        assert split_children([ix], ranges, 1, 40, keep, fl) == expect
     other = make_index([d[::-1] for d in docs], 40)  # same shape, other contents
     assert split_children([other], ranges, 1, 40)[:3] != full[:3]
 
@@ -325,13 +323,14 @@ def test_kernel_rejects_bad_arguments():
        cuts=st.lists(st.integers(0, 8), max_size=2),
        calls=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 10),
                                 st.lists(st.integers(1, 30), max_size=6)), min_size=1, max_size=6))
-def test_split_cache_answers_only_what_it_can(docs, prefix, cuts, calls):
-    """Calls on one cached node with any keep, floor and waiting nodes, in any order: each answer
-    is a prefix of the exact best `keep` (floor applied) holding every child that can be popped."""
+def test_split_children_answers_any_keep_floor_and_waiting(docs, prefix, cuts, calls):
+    """Calls on one node with any keep, floor and waiting nodes, in any order, every range sampled:
+    each answer is a prefix of the exact best `keep` (floor applied) holding every child that can
+    be popped."""
     shards = [make_index(g, VOCAB) for g in split_docs(docs, cuts)]
     ranges = tuple(pattern_range(ix, prefix) if ix.n else (0, 0) for ix in shards)
     full = brute_children(docs, prefix, VOCAB)
-    with force_sampling(0):  # CACHE_RANGE=0: every split goes through the cache
+    with force_sampling(0):
         for keep, floor, waiting in calls:
             waiting = sorted(waiting, reverse=True)
             got = [(t, c) for t, c, _ in split_children(shards, ranges, len(prefix), VOCAB, keep,

@@ -169,3 +169,28 @@ def test_unverified_open_still_checks_sizes_and_meta(tmp_path):
     write_datastore(tmp_path / "s", [np.array([0, 1])], toy_tokenizer(2))
     with Datastore.open(tmp_path / "s", verify=False) as store:
         assert store.count([0, 1]) == 1
+
+
+def test_draft_batch_equals_draft_per_context(tmp_path):
+    """Datastore.draft_batch: one kernel call, the same trees as draft one context at a time, with
+    per-context budgets and depths, extra indexes (a live tier) and min_count; shards summed."""
+    rng = np.random.default_rng(6)
+    docs = random_docs(rng, 90, 5, max_len=180)
+    write_datastore(tmp_path / "s", docs[:70], toy_tokenizer(5), shard_tokens=2000)
+    live = make_index(docs[70:], 5)
+    with Datastore.open(tmp_path / "s") as store:
+        assert len(store.indexes) > 2
+        contexts = contexts_from(rng, docs, 40) + [np.array([], np.int64), [1, 2, 5, 1], (3, 3)]
+        budgets = rng.choice([0, 1, 8, 64], len(contexts)).tolist()
+        depths = rng.integers(1, 9, len(contexts)).tolist()
+        for extra, k in (((), 1), ((live,), 1), ((live,), 6)):
+            got = store.draft_batch(contexts, budgets, depths, 8, 1, extra_indexes=extra, min_count=k)
+            want = [store.draft(c, b, d, 8, 1, extra_indexes=extra, min_count=k)
+                    for c, b, d in zip(contexts, budgets, depths)]
+            assert all(g.same_as(w) for g, w in zip(got, want))
+            assert sum(len(t) for t in got) > 100
+        plain = store.draft_batch(contexts[:10], budget=24, max_depth=5)
+        assert all(t.same_as(reference_draft(docs[:70], c, 24, 5)) for t, c in zip(plain, contexts[:10]))
+        assert store.draft_batch([]) == []
+    with pytest.raises(DatastoreError, match="closed"):
+        store.draft_batch([[1]])

@@ -148,15 +148,15 @@ def test_grpc_server_killed_mid_generation(world, tmp_path):
         client = DraftClient(server.address, timeout=2.0)
         (drafter,) = make_drafters(["retrieval"], datastore=client, tokenizer=StubTokenizer())
         calls = {"n": 0}
-        propose = drafter.propose
+        propose_batch = drafter.propose_batch  # the decoder drafts every step through it
 
-        def killing_propose(row, context, budget, max_depth):
+        def killing_propose_batch(rows, contexts, budget, max_depths):
             calls["n"] += 1
             if calls["n"] == 3:
                 server.stop(0)
-            return propose(row, context, budget, max_depth)
+            return propose_batch(rows, contexts, budget, max_depths)
 
-        drafter.propose = killing_propose
+        drafter.propose_batch = killing_propose_batch
         dec = SpeculativeDecoder(model, StubTokenizer(), [drafter], DecoderSettings(budget=4))
         g = dec.generate(ps[0], max_new_tokens=N)
     finally:
@@ -164,3 +164,59 @@ def test_grpc_server_killed_mid_generation(world, tmp_path):
     assert g.token_ids == outs[0][:N]
     assert g.stats.accepted_by_source.get("retrieval", 0) >= 4  # the two steps before the kill drafted
     assert g.stats.datastore_failures > 0 and g.stats.steps > 3
+
+
+class BatchRemote(FlakyRemote):
+    """A remote source with draft_batch (as client.DraftClient): one scalar max_depth per call;
+    fails (raises) on call number `bad`."""
+
+    def __init__(self, store, bad: int = 0):
+        super().__init__(store, good=10**9)
+        self.batches, self.bad = [], bad
+
+    def draft_batch(self, contexts, budget, max_depth, max_suffix, min_suffix, min_count):
+        assert isinstance(max_depth, int)
+        self.batches.append((len(contexts), max_depth))
+        if len(self.batches) == self.bad:
+            raise ConnectionError("server gone")
+        return [self.store.draft(c, budget, max_depth, max_suffix, min_suffix, min_count=min_count)
+                for c in contexts]
+
+
+def test_propose_batch_is_propose_row_by_row(world):
+    """In process: one draft_batch call with per-row depths; remote: one call per distinct depth,
+    and a failed call gives its rows empty trees, counted; the same trees as propose otherwise."""
+    _, ps, outs, path = world
+    from datastore.store import Datastore
+
+    with Datastore.open(path) as ds:
+        contexts = [np.asarray(p + o[:j], dtype=np.int64) for p, o in zip(ps, outs) for j in (0, 2, 7)]
+        rows = list(range(len(contexts)))
+        depths = [1 + i % 4 for i in rows]
+        for drafter in (RetrievalDrafter(ds, min_count=3), RetrievalDrafter(ds, budget=5, max_depth=2)):
+            want = [drafter.propose(r, c, 12, d) for r, c, d in zip(rows, contexts, depths)]
+            calls = []
+            real = ds.draft_batch
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(ds, "draft_batch", lambda *a, **k: calls.append(k) or real(*a, **k))
+                got = drafter.propose_batch(rows, contexts, 12, depths)
+            assert len(calls) == 1 and all(g.same_as(w) and g.source == "retrieval" for g, w in zip(got, want))
+            assert sum(len(t) for t in got) > 20
+        assert RetrievalDrafter(ds).propose_batch([], [], 8, []) == []
+        remote = BatchRemote(ds, bad=2)
+        drafter = RetrievalDrafter(remote)
+        assert drafter.remote
+        got = drafter.propose_batch(rows, contexts, 12, depths)
+        assert sorted(d for _, d in remote.batches) == [1, 2, 3, 4]
+        failed = {i for i in rows if depths[i] == 2}
+        for i, tree in enumerate(got):
+            if i in failed:
+                assert len(tree) == 0 and tree.source == "retrieval"
+            else:
+                assert tree.same_as(RetrievalDrafter(ds).propose(i, contexts[i], 12, depths[i]))
+        assert drafter.failures == len(failed)
+        plain = FlakyRemote(ds, good=10**9)  # no draft_batch: the per-row loop of propose
+        looped = RetrievalDrafter(plain).propose_batch(rows, contexts, 12, depths)
+        assert plain.calls == len(rows)
+        assert all(t.same_as(RetrievalDrafter(ds).propose(i, c, 12, d))
+                   for i, (t, c, d) in enumerate(zip(looped, contexts, depths)))

@@ -1,6 +1,8 @@
 """RetrievalDrafter: drafts from the shared datastore, in process (`datastore.Datastore`) or over
 gRPC (`client.DraftClient`), through the same `.draft(context, budget, max_depth, max_suffix,
-min_suffix, min_count) -> DraftTree` call.
+min_suffix, min_count) -> DraftTree` call; `propose_batch` drafts every row of a step in one
+`.draft_batch(contexts, ...)` call where the source has one (the in-process store: one call of its
+C kernel; a client: one DraftBatch RPC per distinct max_depth).
 
 The tokenizer fingerprint is checked once, at construction: drafts in another vocabulary are
 garbage that verification would reject at full cost. A remote source never fails the decode: the
@@ -9,7 +11,9 @@ counted here too.
 """
 from __future__ import annotations
 
+import inspect
 import warnings
+from typing import Sequence
 
 import numpy as np
 
@@ -97,6 +101,44 @@ class RetrievalDrafter(Drafter):
             except Exception:  # noqa: BLE001 - decoding never fails because of the datastore
                 self._own_failures += 1
                 return DraftTree.empty(self.name)
+        return self._named(tree)
+
+    def propose_batch(self, rows: Sequence[int], contexts: Sequence[np.ndarray], budget: int,
+                      max_depths: Sequence[int]) -> list[DraftTree]:
+        """Every row's tree from one `source.draft_batch` call (the same trees as `propose` row by
+        row). An in-process store takes per-row depths; a remote source gets one call per distinct
+        depth, and a failed call gives its rows empty trees, counted in `failures`."""
+        batch = getattr(self.source, "draft_batch", None)
+        if batch is None or inspect.iscoroutinefunction(batch) or not len(rows):
+            return super().propose_batch(rows, contexts, budget, max_depths)
+        budget = budget if self.budget is None else min(budget, self.budget)
+        depths = [int(d) for d in max_depths]
+        if self.max_depth is not None:
+            depths = [min(d, self.max_depth) for d in depths]
+        tails = [c[-self.max_suffix:] for c in contexts]  # the kernel reads lists and int arrays
+        args = dict(budget=budget, max_suffix=self.max_suffix, min_suffix=self.min_suffix,
+                    min_count=self.min_count)
+        if not self.remote:  # one kernel call, per-row depths
+            depth = depths[0] if len(set(depths)) == 1 else depths
+            return [self._named(t) for t in batch(tails, max_depth=depth, **args)]
+        tails = [np.ascontiguousarray(t, dtype=np.int64) for t in tails]
+        out: list[DraftTree | None] = [None] * len(tails)
+        for depth in sorted(set(depths)):
+            group = [i for i, d in enumerate(depths) if d == depth]
+            try:
+                trees = batch([tails[i] for i in group], max_depth=depth, **args)
+                if len(trees) != len(group):
+                    raise ValueError(f"draft_batch returned {len(trees)} trees for {len(group)} contexts")
+            except Exception:  # noqa: BLE001 - decoding never fails because of the datastore
+                self._own_failures += len(group)
+                trees = [None] * len(group)
+            for i, tree in zip(group, trees):
+                out[i] = self._named(tree)
+        return out
+
+    def _named(self, tree: DraftTree | None) -> DraftTree:
         if tree is None:
             return DraftTree.empty(self.name)
+        if tree.source == self.name:
+            return tree
         return DraftTree(tree.tokens, tree.parents, tree.counts, tree.match_len, self.name)
