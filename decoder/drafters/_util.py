@@ -2,6 +2,7 @@
 a trie of continuation rows, and the acceptance bookkeeping the adaptive drafters need."""
 from __future__ import annotations
 
+import heapq
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -175,3 +176,176 @@ def as_tokens(name: str, tokens: np.ndarray) -> np.ndarray:
     if arr.shape[0] and arr.min() < 0:
         raise ValueError(f"{name} holds a negative token id ({int(arr.min())})")
     return arr
+
+
+# ---- lean paths (issue 10): exact equivalents of the helpers above, a few microseconds a row --------
+
+_TREE_FIELDS = ("tokens", "parents", "counts", "match_len", "source")
+_TRUSTED = tuple(f.name for f in __import__("dataclasses").fields(DraftTree)) == _TREE_FIELDS
+_EMPTY: dict[str, DraftTree] = {}
+_I32 = np.dtype(np.int32)
+_I64 = np.dtype(np.int64)
+
+
+def make_tree(tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, match_len: int,
+              source: str) -> DraftTree:
+    """DraftTree(tokens, parents, counts, match_len, source) for arrays a drafter built itself:
+    already 1-D contiguous int32 / int32 / int64, parents before children, tokens >= 0. Skips
+    DraftTree's validation (~18 us a tree, more than the whole lean proposal); the drafters'
+    tests check every tree they build against the validating constructor."""
+    if not (_TRUSTED and tokens.dtype == _I32 and parents.dtype == _I32 and counts.dtype == _I64
+            and tokens.flags.c_contiguous and parents.flags.c_contiguous and counts.flags.c_contiguous
+            and tokens.ndim == 1):
+        return DraftTree(tokens, parents, counts, match_len, source)
+    tree = object.__new__(DraftTree)
+    setattr_ = object.__setattr__
+    setattr_(tree, "tokens", tokens)
+    setattr_(tree, "parents", parents)
+    setattr_(tree, "counts", counts)
+    setattr_(tree, "match_len", match_len)
+    setattr_(tree, "source", source)
+    return tree
+
+
+def empty_tree(source: str) -> DraftTree:
+    """DraftTree.empty(source), one shared instance per source (its arrays hold nothing)."""
+    tree = _EMPTY.get(source)
+    if tree is None:
+        tree = _EMPTY[source] = DraftTree.empty(source)
+    return tree
+
+
+def chain_tree(tokens: list[int], count: int, match_len: int, source: str) -> DraftTree:
+    """A single path (parents -1, 0, 1, ...) with every count `count`."""
+    n = len(tokens)
+    if not n:
+        return empty_tree(source)
+    return make_tree(np.array(tokens, dtype=np.int32), np.arange(-1, n - 1, dtype=np.int32),
+                     np.full(n, count, dtype=np.int64), match_len, source)
+
+
+def lists_tree(tokens: list[int], parents: list[int], counts: list[int], match_len: int,
+               source: str) -> DraftTree:
+    if not tokens:
+        return empty_tree(source)
+    return make_tree(np.array(tokens, dtype=np.int32), np.array(parents, dtype=np.int32),
+                     np.array(counts, dtype=np.int64), match_len, source)
+
+
+def trie_lists(rows: list[list[int]], budget: int, depth_cap: int) -> tuple[list[int], list[int], list[int], list[int]]:
+    """`trie_from_rows` on Python lists: rows (PAD-terminated, equal length, depth_cap <= length)
+    -> (tokens, parents, counts, depths) in the same pop order. For a few short rows (a lookahead
+    pool, a handful of copy occurrences) plain Python beats the numpy version's fixed cost."""
+    srt = sorted(rows) if len(rows) > 1 else rows  # lists compare lexicographically: lexsort's order
+
+    def kids(lo: int, hi: int, d: int) -> list[tuple[int, int, int, int]]:
+        out = []
+        i = lo
+        while i < hi and srt[i][d] == PAD:  # PAD (-1) rows sort first
+            i += 1
+        while i < hi:
+            tok = srt[i][d]
+            j = i + 1
+            while j < hi and srt[j][d] == tok:
+                j += 1
+            out.append((tok, j - i, i, j))
+            i = j
+        return out
+
+    heap: list = []
+    seq = 0
+    for tok, cnt, lo, hi in kids(0, len(srt), 0):
+        heap.append((-cnt, tok, seq, -1, 1, lo, hi))
+        seq += 1
+    heapq.heapify(heap)
+    tokens: list[int] = []
+    parents: list[int] = []
+    counts: list[int] = []
+    depths: list[int] = []
+    pop, push = heapq.heappop, heapq.heappush
+    while heap and len(tokens) < budget:
+        neg, tok, _, parent, depth, lo, hi = pop(heap)
+        index = len(tokens)
+        tokens.append(tok)
+        parents.append(parent)
+        counts.append(-neg)
+        depths.append(depth)
+        if depth < depth_cap:
+            for ctok, ccnt, clo, chi in kids(lo, hi, depth):
+                push(heap, (-ccnt, ctok, seq, index, depth + 1, clo, chi))
+                seq += 1
+    return tokens, parents, counts, depths
+
+
+def trie_arrays(rows: np.ndarray, budget: int, depth_cap: int) -> tuple[list[int], list[int], list[int], list[int]]:
+    """`trie_lists` for many rows: the whole trie is materialised with numpy (a fixed ~20 array
+    operations, whatever its size), then only the popped nodes cost Python work."""
+    srt = rows[:, :depth_cap]
+    k, width = srt.shape
+    if k > 1:
+        srt = srt[np.lexsort(srt[:, ::-1].T)]
+    # newgrp[i, c]: row i starts a new group at column c (its prefix :c+1 differs from row i-1's)
+    ne = np.empty((k, width), dtype=bool)
+    ne[0] = True
+    ne[1:] = srt[1:] != srt[:-1]
+    newgrp = np.logical_or.accumulate(ne, axis=1)  # [k, width]
+    node = newgrp & np.logical_and.accumulate(srt != PAD, axis=1)  # nothing after a PAD
+    flat_grp = np.flatnonzero(newgrp.T)  # column-major group starts
+    grp_next = np.append(flat_grp[1:], k * width)
+    size = np.zeros(k * width, dtype=np.int64)
+    size[flat_grp] = grp_next - flat_grp  # group size at its start (next start of a column is its end)
+    flat_node = np.flatnonzero(node.T)  # node ids in column-major order: parents before children
+    col, row = np.divmod(flat_node, k)
+    node_id = np.full(k * width, -1, dtype=np.int64)
+    node_id[flat_node] = np.arange(flat_node.shape[0])
+    start_row = np.maximum.accumulate(np.where(newgrp, np.arange(k)[:, None], 0), axis=0)  # [k, width]
+    parent = np.where(col > 0, node_id[np.maximum(col - 1, 0) * k + start_row[row, np.maximum(col - 1, 0)]], -1)
+    ids = np.arange(flat_node.shape[0])
+    first = np.searchsorted(parent, ids, side="left").tolist()
+    last = np.searchsorted(parent, ids, side="right").tolist()
+    tok = srt[row, col].tolist()
+    cnt = size[flat_node].tolist()
+    n_roots = int(np.searchsorted(parent, 0))
+    heap = [(-cnt[j], tok[j], j, -1, 1, j) for j in range(n_roots)]
+    heapq.heapify(heap)
+    seq = n_roots
+    tokens: list[int] = []
+    parents: list[int] = []
+    counts: list[int] = []
+    depths: list[int] = []
+    pop, push = heapq.heappop, heapq.heappush
+    while heap and len(tokens) < budget:
+        neg, t, _, par, depth, j = pop(heap)
+        index = len(tokens)
+        tokens.append(t)
+        parents.append(par)
+        counts.append(-neg)
+        depths.append(depth)
+        for c in range(first[j], last[j]):  # children: ascending tokens, contiguous ids
+            push(heap, (-cnt[c], tok[c], seq, index, depth + 1, c))
+            seq += 1
+    return tokens, parents, counts, depths
+
+
+def path_depth(tokens: list[int], parents: list[int], accepted: list[int]) -> int:
+    """`accepted_depth` on Python lists (first matching child wins, as flatnonzero(...)[0])."""
+    node, hits = -1, 0
+    n = len(tokens)
+    for tok in accepted:
+        for i in range(node + 1, n):  # children come after their parent
+            if parents[i] == node and tokens[i] == tok:
+                node, hits = i, hits + 1
+                break
+        else:
+            break
+    return hits
+
+
+def token_list(name: str, tokens) -> list[int]:
+    """`as_tokens(name, tokens).tolist()` without its numpy calls for the usual case (a 1-D int64
+    array of a few accepted tokens); anything else goes through as_tokens and its errors."""
+    if type(tokens) is np.ndarray and tokens.dtype == _I64 and tokens.ndim == 1:
+        out = tokens.tolist()
+        if not out or min(out) >= 0:
+            return out
+    return as_tokens(name, tokens).tolist()

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from datastore.tree import DraftTree
-from decoder.drafters._util import TokenBuffer, as_tokens, trie_from_rows
+from decoder.drafters._util import TokenBuffer, as_tokens, empty_tree, lists_tree, token_list, trie_lists
 from decoder.drafters.base import Drafter, SideBranch
 
 
@@ -72,12 +72,16 @@ class _Row:
     rng: np.random.Generator
     pool: dict[int, OrderedDict] = field(default_factory=dict)  # first token -> {tail tuple: None}
     stepped: bool = False  # a Jacobi step ran since the last observe
+    tries: dict = field(default_factory=dict)  # first token -> {(budget, depth): trie of its n-grams}
     steps: int = 0  # observed steps, for `every`
 
 
-def harvest(pool: dict[int, OrderedDict], grams: np.ndarray, limit: int) -> None:
-    """Insert n-grams [g, N] (first token = key) with LRU eviction beyond `limit` per key."""
+def harvest(pool: dict[int, OrderedDict], grams: np.ndarray, limit: int, tries: dict | None = None) -> None:
+    """Insert n-grams [g, N] (first token = key) with LRU eviction beyond `limit` per key;
+    `tries` (memoised proposals by first token) forgets the keys that changed."""
     for gram in grams.tolist():  # <= W n-grams a step
+        if tries:
+            tries.pop(gram[0], None)
         entries = pool.setdefault(gram[0], OrderedDict())
         tail = tuple(gram[1:])
         entries[tail] = None
@@ -149,33 +153,45 @@ class LookaheadDrafter(Drafter):
         levels, w = state.window.shape
         argmax = np.asarray(argmax, dtype=np.int64).reshape(-1)
         assert argmax.shape == (levels * w,), f"side_result argmax must be [{levels * w}], got {argmax.shape}"
-        last_out = argmax.reshape(levels, w)[-1]  # [W] the model's token after each column's end
-        ready = np.all(state.made, axis=0)  # [W] columns made entirely by the model
-        grams = np.concatenate([state.window, last_out[None, :]], axis=0).T[ready]  # [g, N]
-        harvest(state.pool, grams, self.settings.pool)
-        state.window, state.made = jacobi_step(state.window, state.made, last_out)
+        last_out = argmax[(levels - 1) * w :]  # [W] the model's token after each column's end
+        ready = state.made.all(axis=0)  # [W] columns made entirely by the model
+        if ready.any():
+            grams = np.concatenate([state.window, last_out[None, :]], axis=0).T[ready]  # [g, N]
+            harvest(state.pool, grams, self.settings.pool, state.tries)
+        # the Jacobi step in place: levels move down one, the argmax row becomes the last level
+        state.window[:-1] = state.window[1:]
+        state.window[-1] = last_out
+        state.made[:-1] = state.made[1:]
+        state.made[-1] = True
         state.stepped = True
 
     def observe(self, row: int, accepted: np.ndarray) -> None:
         state = self._rows.get(row)
         if state is None:
             return
-        accepted = as_tokens("accepted", accepted)
+        n = len(token_list("accepted", accepted))  # validates
         state.context.extend(accepted)
-        shift_columns(state, accepted.shape[0] - (1 if state.stepped else 0))
+        shift_columns(state, n - (1 if state.stepped else 0))
         state.stepped = False
         state.steps += 1
 
     def propose(self, row: int, context: np.ndarray, budget: int, max_depth: int) -> DraftTree:
         state = self._rows.get(row)
-        context = np.asarray(context).reshape(-1)
-        if state is None or not context.shape[0]:
-            return DraftTree.empty(self.name)
-        entries = state.pool.get(int(context[-1]))
-        if not entries:
-            return DraftTree.empty(self.name)
-        rows = np.array(list(entries), dtype=np.int64)  # [g, N-1]
-        return trie_from_rows(rows, budget, max_depth, self.name, match_len=1)
+        if state is None or not len(context):
+            return empty_tree(self.name)
+        key = int(context[-1])
+        entries = state.pool.get(key)
+        depth_cap = min(self.settings.ngram - 1, max_depth)
+        if not entries or budget <= 0 or depth_cap <= 0:
+            return empty_tree(self.name)
+        memo = state.tries.get(key)  # dropped when the key's n-grams change
+        if memo is None:
+            memo = state.tries[key] = {}
+        hit = memo.get((budget, depth_cap))
+        if hit is None:
+            hit = memo[(budget, depth_cap)] = trie_lists(list(entries), budget, depth_cap)
+        t, p, c, _ = hit
+        return lists_tree(t, p, c, 1, self.name)
 
     def pool_of(self, row: int) -> dict[int, list[tuple[int, ...]]]:
         """{first token: n-gram tails, least recent first} (stats and tests)."""

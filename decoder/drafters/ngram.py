@@ -14,13 +14,14 @@ count / parent-count estimate is exactly the table's conditional frequency.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
+import heapq
+from typing import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from datastore.tree import DraftTree, expand_best_first
-from decoder.drafters._util import SCALE, TokenBuffer, as_tokens
+from datastore.tree import DraftTree
+from decoder.drafters._util import SCALE, as_tokens, empty_tree, lists_tree, token_list
 from decoder.drafters.base import Drafter
 
 
@@ -45,32 +46,64 @@ class NGramSettings:
 
 
 class NGramTables:
-    """{prefix tuple: {next token: count}} for prefix lengths lo..hi, over a growing sequence."""
+    """{prefix tuple: {next token: count}} for prefix lengths lo..hi, over a growing sequence.
+
+    Only the last hi tokens of the sequence are kept (all an update needs). `lookup(path)` results
+    are memoised per path and dropped when an update touches the path's last lo tokens (every
+    prefix a lookup of the path may read ends with those, and each update touches exactly the
+    prefixes ending at one position, of every length lo..hi)."""
 
     def __init__(self, lo: int, hi: int, settings: NGramSettings):
         self.lo, self.hi, self.settings = lo, hi, settings
-        self.seq = TokenBuffer()
+        self.n = 0  # tokens seen
         self.counts: dict[tuple[int, ...], dict[int, int]] = {}
         self._top: dict[tuple[int, ...], tuple[list[tuple[int, int]], int]] = {}  # prefix -> (best, total)
+        self._recent: list[int] = []  # the last hi tokens
+        self._look: dict[tuple[int, ...], tuple[list[tuple[int, int]], int, int]] = {}  # path -> lookup
+        self._look_by: dict[tuple[int, ...], list[tuple[int, ...]]] = {}  # last lo tokens -> memoised paths
 
     def __len__(self) -> int:
-        return self.seq.n
+        return self.n
 
-    def extend(self, tokens: np.ndarray) -> None:
-        old = self.seq.n
-        self.seq.extend(tokens)
-        seq = self.seq.tokens
+    def extend(self, tokens: np.ndarray | list[int]) -> None:
+        new = tokens if isinstance(tokens, list) else np.asarray(tokens, dtype=np.int64).reshape(-1).tolist()
+        if len(new) > 16:  # the prompt: count in numpy
+            self._extend_bulk(new)
+        else:  # a step's accepted tokens: a few dict updates each, no numpy
+            self._extend_few(new)
+        self.n += len(new)
+        self._recent = (self._recent + new)[-self.hi :]
+
+    def _extend_few(self, new: list[int]) -> None:
+        window = self._recent + new  # the last hi tokens before the new ones, then the new ones
+        counts, top, look, look_by = self.counts, self._top, self._look, self._look_by
+        lo, hi = self.lo, self.hi
+        for j in range(len(self._recent), len(window)):
+            nxt = window[j]
+            for k in range(lo, min(hi, j) + 1):
+                prefix = tuple(window[j - k : j])
+                table = counts.get(prefix)
+                if table is None:
+                    counts[prefix] = {nxt: 1}
+                else:
+                    table[nxt] = table.get(nxt, 0) + 1
+                top.pop(prefix, None)
+            if j >= lo and look_by:
+                for path in look_by.pop(tuple(window[j - lo : j]), ()):
+                    look.pop(path, None)
+
+    def _extend_bulk(self, new: list[int]) -> None:
+        seq = np.array(self._recent + new, dtype=np.int64)
+        old = len(self._recent)
+        self._look.clear()
+        self._look_by.clear()
         for k in range(self.lo, self.hi + 1):
             first = max(old, k)  # positions i of the newly known "prefix -> seq[i]" entries
             if first >= seq.shape[0]:
                 continue
             grams = sliding_window_view(seq[first - k :], k + 1)  # [g, k+1] prefix + next
-            if grams.shape[0] > 16:  # the prompt: count in numpy first
-                uniq, cnt = np.unique(grams, axis=0, return_counts=True)
-                rows, weights = uniq.tolist(), cnt.tolist()
-            else:
-                rows, weights = grams.tolist(), [1] * grams.shape[0]
-            for row, c in zip(rows, weights):  # per distinct n-gram (per accepted token later)
+            uniq, cnt = np.unique(grams, axis=0, return_counts=True)
+            for row, c in zip(uniq.tolist(), cnt.tolist()):  # per distinct n-gram
                 prefix = tuple(row[:-1])
                 table = self.counts.setdefault(prefix, {})
                 table[row[-1]] = table.get(row[-1], 0) + c
@@ -94,6 +127,20 @@ class NGramTables:
     def lookup(self, path: tuple[int, ...]) -> tuple[list[tuple[int, int]], int, int]:
         """(best continuations, their total, order) of the longest suffix of `path` with a
         continuation, highest order first; order 0 when none."""
+        hit = self._look.get(path)
+        if hit is None:
+            hit = self._lookup(path)
+            if len(path) >= self.lo:
+                self._look[path] = hit
+                key = path[len(path) - self.lo :]
+                paths = self._look_by.get(key)
+                if paths is None:
+                    self._look_by[key] = [path]
+                else:
+                    paths.append(path)
+        return hit
+
+    def _lookup(self, path: tuple[int, ...]) -> tuple[list[tuple[int, int]], int, int]:
         for k in range(min(self.hi, len(path)), self.lo - 1, -1):
             best, total = self.best(path[len(path) - k :])
             if best:
@@ -119,15 +166,15 @@ class NGramDrafter(Drafter):
         """Every accepted token updates the tables of every order."""
         tables = self._rows.get(row)
         if tables is not None:
-            tables.extend(as_tokens("accepted", accepted))
+            tables.extend(token_list("accepted", accepted))
 
     def _sync(self, tables: NGramTables, context: np.ndarray) -> None:
         """Catch up with tokens committed without `observe` (a caller that only proposes)."""
-        if context.shape[0] > len(tables):
-            tables.extend(context[len(tables) :])
-        elif context.shape[0] < len(tables):
+        if len(context) > len(tables):
+            tables.extend(np.asarray(context[len(tables) :], dtype=np.int64))
+        elif len(context) < len(tables):
             raise ValueError(
-                f"ngram drafter: row context ({context.shape[0]} tokens) is shorter than the "
+                f"ngram drafter: row context ({len(context)} tokens) is shorter than the "
                 f"{len(tables)} tokens observed; call begin() for a new sequence"
             )
 
@@ -136,28 +183,55 @@ class NGramDrafter(Drafter):
         if tables is None:
             self.begin(row, context)
             tables = self._rows[row]
-        context = np.asarray(context, dtype=np.int64).reshape(-1)
         self._sync(tables, context)
         keep = self.settings.max_order - 1
-        tail = tuple(context[-keep:].tolist())
+        tail = tuple(tables._recent[-keep:])
         if budget <= 0 or max_depth <= 0 or not tail:
-            return DraftTree.empty(self.name)
-        best, _, order = tables.lookup(tail)
-        if not best:
-            return DraftTree.empty(self.name)
-
-        def children(handle: tuple[tuple[int, ...], int]) -> Iterable[tuple[int, int, tuple]]:
-            path, weight = handle
-            best, total, _ = tables.lookup(path)
-            out = []
-            for t, c in best:
-                w = max(1, weight * c // total)
-                out.append((t, w, ((path + (t,))[-keep:], w)))
-            return out
-
-        t, p, c = expand_best_first(children((tail, SCALE)), children, budget, max_depth)
+            return empty_tree(self.name)
+        t, p, c, order = expand(tables, tail, budget, max_depth)
+        if not t:
+            return empty_tree(self.name)
         self.orders_used[order] = self.orders_used.get(order, 0) + 1
-        return DraftTree(t, p, c, order - 1, self.name)
+        return lists_tree(t, p, c, order - 1, self.name)
 
     def end(self, row: int) -> None:
         self._rows.pop(row, None)
+
+
+def expand(tables: NGramTables, tail: tuple[int, ...], budget: int, max_depth: int
+           ) -> tuple[list[int], list[int], list[int], int]:
+    """`expand_best_first` over the tables from `tail` (weights SCALE x the product of the
+    conditional frequencies), inlined: a node's path and lookup are computed only when it is
+    popped, and a lookup is a dict access per order tried. -> (tokens, parents, counts, order of
+    the first level; 0 and empty lists when the tail has no continuation)."""
+    look, lookup = tables._look, tables.lookup
+    keep = tables.hi
+
+    best, total, order = lookup(tail)
+    if not best:
+        return [], [], [], 0
+    heap = []
+    seq = 0
+    for t, c in best:
+        heap.append((-max(1, SCALE * c // total), t, seq, -1, 1, tail))
+        seq += 1
+    heapq.heapify(heap)
+    tokens: list[int] = []
+    parents: list[int] = []
+    counts: list[int] = []
+    pop, push = heapq.heappop, heapq.heappush
+    while heap and len(tokens) < budget:
+        neg, tok, _, parent, depth, ppath = pop(heap)
+        index = len(tokens)
+        tokens.append(tok)
+        parents.append(parent)
+        counts.append(-neg)
+        if depth < max_depth:
+            path = (ppath + (tok,))[-keep:]
+            hit = look.get(path)
+            kids, total, _ = hit if hit is not None else lookup(path)
+            weight = -neg
+            for t, c in kids:
+                push(heap, (-max(1, weight * c // total), t, seq, index, depth + 1, path))
+                seq += 1
+    return tokens, parents, counts, order

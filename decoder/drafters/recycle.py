@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from datastore.tree import DraftTree, expand_best_first
-from decoder.drafters._util import SCALE, tree_depths
+from decoder.drafters._util import SCALE, empty_tree, make_tree, tree_depths
 from decoder.drafters.base import Drafter
 
 DEFAULT_RANK_WEIGHTS = (0.5, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02)
@@ -55,53 +55,171 @@ def template(weights: tuple[float, ...], budget: int, max_depth: int) -> tuple[n
     return ranks.astype(np.int64), parents, tree_depths(parents), counts
 
 
+def stage_sizes(budget: int, full: int) -> list[int]:
+    """Template sizes `best_live_tree` tries in turn: budget, then 4x, up to min(full, 64 budget)."""
+    sizes = [min(budget, full)]
+    while sizes[-1] < full and sizes[-1] < 64 * budget:
+        sizes.append(min(4 * sizes[-1], full, 64 * budget))
+    return sizes
+
+
+@lru_cache(maxsize=64)
+def layout(weights: tuple[float, ...], budget: int, max_depth: int) -> tuple:
+    """The largest template `best_live_tree` may fill, laid out for filling many rows at once.
+
+    A template is a prefix of every larger one, so each retry stage only adds nodes. Storage
+    order: stage by stage, each stage's new nodes sorted by depth, so every (stage, depth) is one
+    slice. -> (sizes, per stage [(lo, hi, storage slot of each node's parent (-1: the context),
+    ranks)], storage slot of each template node, parents [n] int32, counts [n] int64)."""
+    full = sum(len(weights) ** d for d in range(1, max_depth + 1))
+    sizes = stage_sizes(budget, full)
+    ranks, parents, depths, counts = template(weights, sizes[-1], max_depth)
+    order = np.concatenate([lo + np.argsort(depths[lo:hi], kind="stable")
+                            for lo, hi in zip([0] + sizes[:-1], sizes)])  # storage slot -> node
+    slot = np.empty_like(order)
+    slot[order] = np.arange(order.shape[0])  # node -> storage slot
+    pslot = np.where(parents[order] >= 0, slot[np.maximum(parents[order], 0)], -1)
+    sdepth = depths[order]
+    stages = []
+    for lo, hi in zip([0] + sizes[:-1], sizes):
+        levels = []
+        bounds = lo + np.flatnonzero(np.diff(sdepth[lo:hi], prepend=-1, append=-1))
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            levels.append((a, b, pslot[a:b], ranks[order[a:b]], bool(sdepth[a] == 1)))
+        stages.append(levels)
+    return sizes, stages, slot, parents.astype(np.int32), counts.astype(np.int64)
+
+
 class RecycleDrafter(Drafter):
     name = "recycle"
 
     def __init__(self, settings: RecycleSettings | None = None, **overrides):
         self.settings = replace(settings or RecycleSettings(), **overrides)
         self.topk = self.settings.k
-        rows = self.settings.vocab_size
-        self.table = np.full((rows, self.topk), -1, dtype=np.int32)  # [vocab, k] int32, -1 = unknown
+        self._n = self.settings.vocab_size  # rows of the public table
+        self._alloc(self._n, np.zeros((0, self.topk), dtype=np.int32))
 
-    def _grow(self, max_token: int) -> None:
-        if max_token < self.table.shape[0]:
-            return
-        rows = max(max_token + 1, 2 * self.table.shape[0], 1024)
-        grown = np.full((rows, self.topk), -1, dtype=np.int32)
-        grown[: self.table.shape[0]] = self.table
-        self.table = grown
+    def _alloc(self, rows: int, old: np.ndarray) -> None:
+        """Successors [rows + 1, k] int32 (-1 = unknown; the last row, the sentinel, stays -1:
+        `rows` also covers every successor id, so a node's children are always that node's row)
+        and `_next`, the same table as flat row offsets (token * k, unknown -> sentinel * k):
+        filling a tree level is one add and one take."""
+        self._padded = np.full((rows + 1, self.topk), -1, dtype=np.int32)
+        self._padded[: old.shape[0]] = old
+        self._dead = rows * self.topk
+        p = self._padded.astype(np.int64)
+        self._next = np.where(p >= 0, p * self.topk, self._dead).reshape(-1)
+
+    @property
+    def table(self) -> np.ndarray:
+        """[vocab, k] int32 successors, best first; -1 = unknown (read-only: use observe_topk/reset)."""
+        view = self._padded[: self._n]
+        view.flags.writeable = False
+        return view
+
+    def _grow(self, max_token: int, max_successor: int) -> None:
+        if max_token >= self._n:
+            self._n = max(max_token + 1, 2 * self._n, 1024)
+        need = max(self._n, max_successor + 1)
+        if need > self._padded.shape[0] - 1:
+            self._alloc(max(need, 2 * (self._padded.shape[0] - 1)), self._padded[:-1])
 
     def observe_topk(self, tokens: np.ndarray, topk: np.ndarray) -> None:
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)  # [n]
-        topk = np.asarray(topk, dtype=np.int64)  # [n, k'] best first
+        topk = np.asarray(topk)  # [n, k'] best first
         assert topk.ndim == 2 and topk.shape[0] == tokens.shape[0], f"topk must be [n, k], got {topk.shape}"
-        ok = tokens >= 0
-        tokens, topk = tokens[ok], topk[ok]
         if not tokens.shape[0]:
             return
-        _, last_rev = np.unique(tokens[::-1], return_index=True)  # a token seen twice: latest evidence
-        pick = tokens.shape[0] - 1 - last_rev
-        tokens, topk = tokens[pick], topk[pick]
+        if int(tokens.min()) < 0:
+            ok = tokens >= 0
+            tokens, topk = tokens[ok], topk[ok]
+            if not tokens.shape[0]:
+                return
+        # a token seen twice: its latest evidence (the last occurrence) wins
+        order = np.argsort(tokens, kind="stable")
+        srt = tokens[order]
+        last = np.ones(srt.shape[0], dtype=bool)
+        np.not_equal(srt[1:], srt[:-1], out=last[:-1])
+        pick = order[last]
+        tokens = srt[last]
         k = min(self.topk, topk.shape[1])
-        self._grow(int(tokens.max()))
-        row = np.full((tokens.shape[0], self.topk), -1, dtype=np.int32)
-        row[:, :k] = topk[:, :k]
-        self.table[tokens] = row
+        rows = np.full((tokens.shape[0], self.topk), -1, dtype=np.int32)
+        rows[:, :k] = topk[pick, :k]
+        self._grow(int(tokens[-1]), int(rows.max()))
+        self._padded[tokens] = rows
+        r64 = rows.astype(np.int64)
+        self._next.reshape(-1, self.topk)[tokens] = np.where(r64 >= 0, r64 * self.topk, self._dead)
 
     def propose(self, row: int, context: np.ndarray, budget: int, max_depth: int) -> DraftTree:
-        context = np.asarray(context).reshape(-1)
-        depth_cap = min(max_depth, self.settings.max_depth)
-        if budget <= 0 or depth_cap <= 0 or not context.shape[0]:
-            return DraftTree.empty(self.name)
-        last = int(context[-1])
-        if last >= self.table.shape[0] or self.table[last, 0] < 0:
-            return DraftTree.empty(self.name)
-        return best_live_tree(self.table, last, self.settings.rank_weights, budget, depth_cap, self.name)
+        return self.propose_batch([row], [context], budget, [max_depth])[0]
+
+    def propose_batch(self, rows: Sequence[int], contexts: Sequence[np.ndarray], budget: int,
+                      max_depths: Sequence[int]) -> list[DraftTree]:
+        """All rows from one template fill: one gather per depth for the rows sharing a depth cap."""
+        out = [empty_tree(self.name)] * len(rows)
+        if budget <= 0:
+            return out
+        cap = self.settings.max_depth
+        groups: dict[int, list[tuple[int, int]]] = {}
+        for i, (ctx, d) in enumerate(zip(contexts, max_depths)):
+            if not len(ctx):
+                continue
+            last = int(ctx[-1])
+            depth_cap = min(int(d), cap)
+            if depth_cap <= 0 or last >= self._n or self._padded[last, 0] < 0:
+                continue
+            groups.setdefault(depth_cap, []).append((i, last))
+        for depth_cap, members in groups.items():
+            last = np.array([t for _, t in members], dtype=np.int64)
+            for (i, _), tree in zip(members, self._fill_rows(last, budget, depth_cap)):
+                out[i] = tree
+        return out
+
+    def _fill_rows(self, last: np.ndarray, budget: int, depth_cap: int) -> list[DraftTree]:
+        """`best_live_tree` for every row of `last` [b] at once: each retry stage fills only the
+        template nodes it adds, one add and one take per depth, for the rows still short."""
+        sizes, stages, slot, parents, counts = layout(self.settings.rank_weights, budget, depth_cap)
+        trees: list[DraftTree | None] = [None] * last.shape[0]
+        todo = np.arange(last.shape[0])
+        val = np.empty((last.shape[0], sizes[-1]), dtype=np.int64)  # token * k per storage slot
+        n_alive = np.zeros(last.shape[0], dtype=np.int64)
+        nxt, dead, k = self._next, self._dead, self.topk
+        base = last[:, None] * k
+        lo = 0
+        for size, levels in zip(sizes, stages):
+            for a, b, pslot, ranks, root in levels:
+                np.take(nxt, (base if root else val[:, pslot]) + ranks, out=val[:, a:b], mode="clip")
+            n_alive += np.count_nonzero(val[:, lo:size] != dead, axis=1)
+            final = n_alive >= budget
+            if size == sizes[-1]:
+                final[:] = True
+            for j in np.flatnonzero(final).tolist():
+                trees[int(todo[j])] = self._tree(val[j, slot[:size]], parents, counts, budget)
+            if final.all():
+                return trees
+            keep = ~final
+            todo, base, val, n_alive = todo[keep], base[keep], val[keep], n_alive[keep]
+            lo = size
+        return trees
+
+    def _tree(self, val: np.ndarray, parents: np.ndarray, counts: np.ndarray, budget: int) -> DraftTree:
+        """The first `budget` known nodes of a filled template (val: [size] token * k, template order)."""
+        alive = val != self._dead
+        if alive[:budget].all():  # the first `budget` template nodes are all known: the template itself
+            n = min(budget, val.shape[0])
+            return make_tree((val[:n] // self.topk).astype(np.int32), parents[:n].copy(), counts[:n].copy(),
+                             1, self.name)
+        keep = np.flatnonzero(alive)[:budget]
+        new_index = np.cumsum(alive) - 1
+        par = parents[keep]
+        return make_tree((val[keep] // self.topk).astype(np.int32),
+                         np.where(par >= 0, new_index[np.maximum(par, 0)], -1).astype(np.int32),
+                         counts[keep], 1, self.name)
 
     def reset(self) -> None:
         """Forget every successor (the table otherwise persists across requests)."""
-        self.table[:] = -1
+        self._padded[:] = -1
+        self._next[:] = self._dead
 
 
 def best_live_tree(
