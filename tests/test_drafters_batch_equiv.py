@@ -216,3 +216,26 @@ def test_trie_helpers_match_trie_from_rows(rows, budget, depth):
     for t, p, c, d in (trie_lists(arr.tolist(), budget, cap), trie_arrays(arr, budget, cap)):
         assert t == want.tokens.tolist() and p == want.parents.tolist() and c == want.counts.tolist()
         assert d == (want.depths().tolist() if len(want) else [])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ngram_tuple_heap_fallback(seed, monkeypatch):
+    """Token ids too large to pack into one heap int take the tuple heap: same trees."""
+    from decoder.drafters import ngram as ngram_mod
+
+    monkeypatch.setattr(ngram_mod, "TOKEN_BITS", 3)
+    drive(lambda: NGramDrafter(), lambda: old.NGramDrafter(), seed, 3, 30, vocab=int([5, 40][seed % 2]))
+
+
+@pytest.mark.parametrize("cls, old_cls", [(ReferenceDrafter, old.ReferenceDrafter), (NGramDrafter, old.NGramDrafter),
+                                          (RecycleDrafter, old.RecycleDrafter)])
+def test_list_contexts_are_accepted_as_before(cls, old_cls):
+    new, ref = cls(), old_cls()
+    seq = text(np.random.default_rng(9), 80, 5)
+    if cls is RecycleDrafter:
+        top = np.stack([np.roll(seq, -1), np.roll(seq, -2)], axis=1)
+        new.observe_topk(seq, top)
+        ref.observe_topk(seq, top)
+    new.begin(0, seq[:40])
+    ref.begin(0, seq[:40])
+    same(new.propose(0, seq[:60].tolist(), 16, 8), ref.propose(0, seq[:60].tolist(), 16, 8), "list context")

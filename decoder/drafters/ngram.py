@@ -49,13 +49,12 @@ class NGramTables:
     """{prefix tuple: {next token: count}} for prefix lengths lo..hi, over a growing sequence.
 
     Only the last hi tokens of the sequence are kept (all an update needs). `lookup(path)` results
-    are memoised per path and dropped when an update touches the path's last lo tokens (every
-    prefix a lookup of the path may read ends with those, and each update touches exactly the
-    prefixes ending at one position, of every length lo..hi)."""
+    are memoised per path and dropped when an update touches the prefix the result came from."""
 
     def __init__(self, lo: int, hi: int, settings: NGramSettings):
         self.lo, self.hi, self.settings = lo, hi, settings
         self.n = 0  # tokens seen
+        self.max_token = 0  # largest token id seen
         self.counts: dict[tuple[int, ...], dict[int, int]] = {}
         self._top: dict[tuple[int, ...], tuple[list[tuple[int, int]], int]] = {}  # prefix -> (best, total)
         self._recent: list[int] = []  # the last hi tokens
@@ -72,6 +71,8 @@ class NGramTables:
         else:  # a step's accepted tokens: a few dict updates each, no numpy
             self._extend_few(new)
         self.n += len(new)
+        if new:
+            self.max_token = max(self.max_token, max(new))
         self._recent = (self._recent + new)[-self.hi :]
 
     def _extend_few(self, new: list[int]) -> None:
@@ -88,9 +89,9 @@ class NGramTables:
                 else:
                     table[nxt] = table.get(nxt, 0) + 1
                 top.pop(prefix, None)
-            if j >= lo and look_by:
-                for path in look_by.pop(tuple(window[j - lo : j]), ()):
-                    look.pop(path, None)
+                if look_by:
+                    for path in look_by.pop(prefix, ()):
+                        look.pop(path, None)
 
     def _extend_bulk(self, new: list[int]) -> None:
         seq = np.array(self._recent + new, dtype=np.int64)
@@ -132,7 +133,11 @@ class NGramTables:
             hit = self._lookup(path)
             if len(path) >= self.lo:
                 self._look[path] = hit
-                key = path[len(path) - self.lo :]
+                # the result changes only when the prefix it came from (order - 1 tokens) gains a
+                # count, or a longer suffix of the path gains its first; both touch that prefix
+                # (updates touch every suffix, lo..hi tokens, of one position). No result: any
+                # suffix gaining one touches the last lo tokens.
+                key = path[len(path) - (hit[2] - 1 if hit[2] else self.lo) :]
                 paths = self._look_by.get(key)
                 if paths is None:
                     self._look_by[key] = [path]
@@ -198,18 +203,67 @@ class NGramDrafter(Drafter):
         self._rows.pop(row, None)
 
 
+TOKEN_BITS = 20  # heap keys pack (SCALE - weight, token, discovery order) into one int
+
+
 def expand(tables: NGramTables, tail: tuple[int, ...], budget: int, max_depth: int
            ) -> tuple[list[int], list[int], list[int], int]:
     """`expand_best_first` over the tables from `tail` (weights SCALE x the product of the
     conditional frequencies), inlined: a node's path and lookup are computed only when it is
-    popped, and a lookup is a dict access per order tried. -> (tokens, parents, counts, order of
+    popped, lookups are memoised, and a heap entry is one int, (SCALE - weight, token, discovery
+    order) packed so that int order is the tuple order. -> (tokens, parents, counts, order of
     the first level; 0 and empty lists when the tail has no continuation)."""
     look, lookup = tables._look, tables.lookup
     keep = tables.hi
-
     best, total, order = lookup(tail)
     if not best:
         return [], [], [], 0
+    bits = TOKEN_BITS
+    if tables.max_token >> bits or (budget * tables.settings.max_children + len(best)) >> bits:
+        return expand_tuples(tables, tail, budget, max_depth) + (order,)
+    low = (1 << bits) - 1
+    wshift = 2 * bits
+    heap = []
+    payload = []  # per discovery: (parent index, depth, parent path)
+    seq = 0
+    for t, c in best:
+        w = SCALE * c // total
+        heap.append(((SCALE - (w if w > 1 else 1)) << wshift) | (t << bits) | seq)
+        payload.append((-1, 1, tail))
+        seq += 1
+    heapq.heapify(heap)
+    tokens: list[int] = []
+    parents: list[int] = []
+    counts: list[int] = []
+    pop, push = heapq.heappop, heapq.heappush
+    while heap and len(tokens) < budget:
+        key = pop(heap)
+        tok = (key >> bits) & low
+        weight = SCALE - (key >> wshift)
+        parent, depth, ppath = payload[key & low]
+        index = len(tokens)
+        tokens.append(tok)
+        parents.append(parent)
+        counts.append(weight)
+        if depth < max_depth:
+            path = (ppath + (tok,))[-keep:]
+            hit = look.get(path)
+            kids, total, _ = hit if hit is not None else lookup(path)
+            if kids:
+                info = (index, depth + 1, path)
+                for t, c in kids:
+                    w = weight * c // total
+                    push(heap, ((SCALE - (w if w > 1 else 1)) << wshift) | (t << bits) | seq)
+                    payload.append(info)
+                    seq += 1
+    return tokens, parents, counts, order
+
+
+def expand_tuples(tables: NGramTables, tail: tuple[int, ...], budget: int, max_depth: int
+                  ) -> tuple[list[int], list[int], list[int]]:
+    """`expand` with tuple heap entries, for token ids or heaps too large to pack."""
+    keep = tables.hi
+    best, total, _ = tables.lookup(tail)
     heap = []
     seq = 0
     for t, c in best:
@@ -219,19 +273,16 @@ def expand(tables: NGramTables, tail: tuple[int, ...], budget: int, max_depth: i
     tokens: list[int] = []
     parents: list[int] = []
     counts: list[int] = []
-    pop, push = heapq.heappop, heapq.heappush
     while heap and len(tokens) < budget:
-        neg, tok, _, parent, depth, ppath = pop(heap)
+        neg, tok, _, parent, depth, ppath = heapq.heappop(heap)
         index = len(tokens)
         tokens.append(tok)
         parents.append(parent)
         counts.append(-neg)
         if depth < max_depth:
             path = (ppath + (tok,))[-keep:]
-            hit = look.get(path)
-            kids, total, _ = hit if hit is not None else lookup(path)
-            weight = -neg
+            kids, total, _ = tables.lookup(path)
             for t, c in kids:
-                push(heap, (-max(1, weight * c // total), t, seq, index, depth + 1, path))
+                heapq.heappush(heap, (-max(1, (-neg) * c // total), t, seq, index, depth + 1, path))
                 seq += 1
-    return tokens, parents, counts, order
+    return tokens, parents, counts

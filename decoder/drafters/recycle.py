@@ -67,12 +67,16 @@ def stage_sizes(budget: int, full: int) -> list[int]:
 def layout(weights: tuple[float, ...], budget: int, max_depth: int) -> tuple:
     """The largest template `best_live_tree` may fill, laid out for filling many rows at once.
 
-    A template is a prefix of every larger one, so each retry stage only adds nodes. Storage
+    A template is a prefix of every larger one, so each stage only adds nodes. Storage
     order: stage by stage, each stage's new nodes sorted by depth, so every (stage, depth) is one
     slice. -> (sizes, per stage [(lo, hi, storage slot of each node's parent (-1: the context),
     ranks)], storage slot of each template node, parents [n] int32, counts [n] int64)."""
     full = sum(len(weights) ** d for d in range(1, max_depth + 1))
     sizes = stage_sizes(budget, full)
+    # the result is the first `budget` known nodes of the largest template whichever stage
+    # stops (a stage stops once it holds `budget` of them), so two stages do: `budget` nodes,
+    # enough for a warm table, then all the rest at once (one slice per depth, not per retry)
+    sizes = sizes[:1] + sizes[-1:] if len(sizes) > 1 else sizes
     ranks, parents, depths, counts = template(weights, sizes[-1], max_depth)
     order = np.concatenate([lo + np.argsort(depths[lo:hi], kind="stable")
                             for lo, hi in zip([0] + sizes[:-1], sizes)])  # storage slot -> node
@@ -210,10 +214,9 @@ class RecycleDrafter(Drafter):
             return make_tree((val[:n] // self.topk).astype(np.int32), parents[:n].copy(), counts[:n].copy(),
                              1, self.name)
         keep = np.flatnonzero(alive)[:budget]
-        new_index = np.cumsum(alive) - 1
-        par = parents[keep]
-        return make_tree((val[keep] // self.topk).astype(np.int32),
-                         np.where(par >= 0, new_index[np.maximum(par, 0)], -1).astype(np.int32),
+        par = parents[keep]  # kept too (parents come first and are known), so their new index is
+        new_par = np.searchsorted(keep, par).astype(np.int32)  # their position in `keep`
+        return make_tree((val[keep] // self.topk).astype(np.int32), np.where(par >= 0, new_par, np.int32(-1)),
                          counts[keep], 1, self.name)
 
     def reset(self) -> None:
