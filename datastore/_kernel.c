@@ -27,6 +27,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -364,6 +365,9 @@ typedef struct {  /* one live shard's range and its samples, positions ascending
     const Shard *sh;
     int64_t lo, hi;
     int64_t *pos, *val, m;  /* [m]; pos[0] == lo, pos[m - 1] == hi - 1 */
+    int64_t cap;            /* of pos and val; the buffers below are kept across splits too */
+    int64_t *pos2, *val2, cap2;  /* spare pos and val: insert_samples merges into them, then swaps */
+    int64_t *nv, nvcap;     /* new samples' values */
     Run *run;               /* [runs] runs of equal values */
     int64_t runs, rcap;
 } Samples;
@@ -387,6 +391,11 @@ typedef struct {
     int64_t ncand;
     int64_t *scratch;
     int64_t scap;
+    int64_t *np, npcap;      /* scratch: new sample positions */
+    int64_t *at, *idx, acap; /* scratch of search_all */
+    int64_t *surv, survcap;  /* scratch of split_c */
+    void *q;                 /* scratch of count_exactly: Search [qcap] */
+    int64_t qcap;
     int64_t cut, est;        /* the proven cut, and where it will likely end up */
     int64_t unseen;          /* most occurrences a token no sample shows can have, over shards */
     int64_t widest;          /* the widest gap that could hide a token, in any shard */
@@ -400,6 +409,21 @@ static int grow(int64_t **a, int64_t *cap, int64_t need) {
     int64_t *p = realloc(*a, sizeof(int64_t) * c);
     if (!p) return 0;
     *a = p;
+    *cap = c;
+    return 1;
+}
+
+/* Grows two int64 arrays of one capacity to hold `need`, keeping their contents. */
+static int grow2(int64_t **a, int64_t **b, int64_t *cap, int64_t need) {
+    if (need <= *cap) return 1;
+    int64_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    int64_t *p = realloc(*a, sizeof(int64_t) * c);
+    if (!p) return 0;
+    *a = p;
+    p = realloc(*b, sizeof(int64_t) * c);
+    if (!p) return 0;
+    *b = p;
     *cap = c;
     return 1;
 }
@@ -547,40 +571,33 @@ static int insert_samples(const Split *sp, Samples *S, int64_t *np, int64_t cnt)
         np[u++] = p;
     }
     if (!u) return 1;
-    int64_t m2 = S->m + u, *nv = malloc(sizeof(int64_t) * u);
-    int64_t *pos2 = malloc(sizeof(int64_t) * m2), *val2 = malloc(sizeof(int64_t) * m2);
-    if (!nv || !pos2 || !val2) {
-        free(nv), free(pos2), free(val2);
-        return 0;
-    }
+    int64_t m2 = S->m + u;
+    if (!grow(&S->nv, &S->nvcap, u) || !grow2(&S->pos2, &S->val2, &S->cap2, m2)) return 0;
+    int64_t *nv = S->nv, *pos2 = S->pos2, *val2 = S->val2;
     gather(S->sh, sp->k, np, nv, u);
     int64_t a = 0, b = 0;
     for (int64_t o = 0; o < m2; o++) {
         if (b >= u || (a < S->m && S->pos[a] < np[b])) pos2[o] = S->pos[a], val2[o] = S->val[a++];
         else pos2[o] = np[b], val2[o] = nv[b++];
     }
-    free(nv), free(S->pos), free(S->val);
-    S->pos = pos2, S->val = val2, S->m = m2;
+    S->pos2 = S->pos, S->val2 = S->val, S->pos = pos2, S->val = val2;  /* swap the buffers */
+    int64_t c = S->cap;
+    S->cap = S->cap2, S->cap2 = c, S->m = m2;
     return 1;
 }
 
 /* Samples every `stride` positions inside the gaps of S that could hide a token (neighbours
  * differ by >= 2) and are at least `stride` wide; -> samples asked for, -1 on memory error. */
-static int64_t hunt(const Split *sp, Samples *S, int64_t stride) {
-    int64_t n = 0, cap = 0, *np = NULL;
+static int64_t hunt(Split *sp, Samples *S, int64_t stride) {
+    int64_t n = 0;
     for (int64_t r = 1; r < S->runs; r++) {
         const Run *run = &S->run[r];
         if (run->value - run[-1].value < 2 || run->gap < stride) continue;
         int64_t a = S->pos[run[-1].last], b = S->pos[run->first], q = run->gap / stride;  /* >= 1 */
-        if (!grow(&np, &cap, n + q)) {
-            free(np);
-            return -1;
-        }
-        for (int64_t x = 1; x <= q; x++) np[n++] = a + x * (b - a) / (q + 1);
+        if (!grow(&sp->np, &sp->npcap, n + q)) return -1;
+        for (int64_t x = 1; x <= q; x++) sp->np[n++] = a + x * (b - a) / (q + 1);
     }
-    int ok = insert_samples(sp, S, np, n);
-    free(np);
-    return ok ? n : -1;
+    return insert_samples(sp, S, sp->np, n) ? n : -1;
 }
 
 /* Samples the hiding gaps of every shard at `stride`; -> samples asked for, -1 on memory error. */
@@ -596,12 +613,9 @@ static int64_t hunt_all(Split *sp, Samples *S, int64_t stride) {
 
 /* Runs the searches q [nq] in lockstep: every step's loads are independent, so their cache misses
  * overlap instead of following one another. */
-static int search_all(const Split *sp, Search *q, int64_t nq) {
-    int64_t *at = malloc(sizeof(int64_t) * (nq + 1)), *idx = malloc(sizeof(int64_t) * (nq + 1));
-    if (!at || !idx) {
-        free(at), free(idx);
-        return 0;
-    }
+static int search_all(Split *sp, Search *q, int64_t nq) {
+    if (!grow2(&sp->at, &sp->idx, &sp->acap, nq + 1)) return 0;
+    int64_t *at = sp->at, *idx = sp->idx;
     for (;;) {
         int64_t act = 0;
         for (int64_t x = 0; x < nq; x++)
@@ -619,7 +633,6 @@ static int search_all(const Split *sp, Search *q, int64_t nq) {
             else s->a = mid + 1;
         }
     }
-    free(at), free(idx);
     return 1;
 }
 
@@ -627,8 +640,13 @@ static int search_all(const Split *sp, Search *q, int64_t nq) {
  * inside the gaps next to their samples (or the gap they may hide in), then samples on both sides
  * of every boundary, which closes those gaps. */
 static int count_exactly(Split *sp, Samples *S, const int64_t *surv, int64_t ns) {
-    Search *q = malloc(sizeof(Search) * (2 * ns * sp->live + 1));
-    if (!q) return 0;
+    int64_t need = 2 * ns * sp->live + 1;
+    if (need > sp->qcap) {
+        void *p = realloc(sp->q, sizeof(Search) * need);
+        if (!p) return 0;
+        sp->q = p, sp->qcap = need;
+    }
+    Search *q = sp->q;
     int64_t nq = 0;
     for (int i = 0; i < sp->live; i++) {
         Samples *X = &S[i];
@@ -649,17 +667,14 @@ static int count_exactly(Split *sp, Samples *S, const int64_t *surv, int64_t ns)
             }
         }
     }
-    int ok = search_all(sp, q, nq);
-    int64_t *np = ok ? malloc(sizeof(int64_t) * (2 * nq + 1)) : NULL;
-    for (int i = 0; np && ok && i < sp->live; i++) {
+    int ok = search_all(sp, q, nq) && grow(&sp->np, &sp->npcap, 2 * nq + 1);
+    for (int i = 0; ok && i < sp->live; i++) {
         int64_t n = 0;
         for (int64_t x = 0; x < nq; x++)
-            if (q[x].S == &S[i]) np[n++] = q[x].a - 1, np[n++] = q[x].a;
-        ok = insert_samples(sp, &S[i], np, n);
+            if (q[x].S == &S[i]) sp->np[n++] = q[x].a - 1, sp->np[n++] = q[x].a;
+        ok = insert_samples(sp, &S[i], sp->np, n);
     }
-    free(q);
-    free(np);
-    return ok && (np || !nq);
+    return ok;
 }
 
 static int first_samples(Split *sp, Samples *S) {
@@ -672,9 +687,7 @@ static int first_samples(Split *sp, Samples *S) {
         if (stride < sp->floor / (live * sp->density)) stride = sp->floor / (live * sp->density);
         if (stride < 1) stride = 1;
         int64_t m = (w - 1) / stride + 1 + ((w - 1) % stride != 0);
-        S[i].pos = malloc(sizeof(int64_t) * m);
-        S[i].val = malloc(sizeof(int64_t) * m);
-        if (!S[i].pos || !S[i].val) return 0;
+        if (!grow2(&S[i].pos, &S[i].val, &S[i].cap, m)) return 0;
         int64_t j = 0;
         for (int64_t p = S[i].lo; p < S[i].hi; p += stride) S[i].pos[j++] = p;
         if (S[i].pos[j - 1] != S[i].hi - 1) S[i].pos[j++] = S[i].hi - 1;
@@ -715,42 +728,34 @@ static int64_t survivors(const Split *sp, int64_t *out, int likely) {
  * With nothing to do, every token that can make the cut is counted exactly and no other can. */
 static int split_c(Split *sp, Samples *S) {
     if (!first_samples(sp, S)) return 0;
-    int64_t *surv = NULL;
     for (;;) {
-        if (!candidates(sp, S)) goto oom;
-        free(surv);
-        surv = malloc(sizeof(int64_t) * (sp->ncand + 1));
-        if (!surv) goto oom;
-        int64_t added = 0, ns;
+        if (!candidates(sp, S) || !grow(&sp->surv, &sp->survcap, sp->ncand + 1)) return 0;
+        int64_t *surv = sp->surv, added = 0, ns;
         int hunting = sp->unseen >= sp->cut;
         int64_t stride = sp->est / (sp->live * sp->density);
         if (stride < sp->widest / 16) stride = sp->widest / 16;
         int wide = sp->widest >= HUNT_WIDE * stride;
         if ((hunting || wide) && (added = hunt_all(sp, S, stride)) != 0) {
-            if (added < 0) goto oom;
+            if (added < 0) return 0;
             continue;
         }
         if ((ns = survivors(sp, surv, 1)) != 0) {
-            if (!count_exactly(sp, S, surv, ns)) goto oom;
+            if (!count_exactly(sp, S, surv, ns)) return 0;
             continue;
         }
         if (hunting && (added = hunt_all(sp, S, sp->cut / sp->live)) != 0) {
-            if (added < 0) goto oom;
+            if (added < 0) return 0;
             continue;
         }
         if ((ns = survivors(sp, surv, 0)) == 0) break;
-        if (!count_exactly(sp, S, surv, ns)) goto oom;
+        if (!count_exactly(sp, S, surv, ns)) return 0;
     }
-    free(surv);
     int64_t n = 0;  /* every candidate whose upper bound reaches the cut is exact now */
     for (int64_t j = 0; j < sp->ncand; j++)
         if (sp->cand[j].low >= sp->cut) sp->cand[n++] = sp->cand[j];
     qsort(sp->cand, (size_t)n, sizeof(Cand), cmp_child);
     sp->nkids = n < sp->keep ? n : sp->keep;
     return 1;
-oom:
-    free(surv);
-    return 0;
 }
 
 /* The child's range in one shard: its run of samples (exact by now), or empty. */
@@ -789,9 +794,12 @@ static int splitter_init(Splitter *w, Py_ssize_t nsh) {
 }
 
 static void splitter_free(Splitter *w) {
-    for (Py_ssize_t i = 0; w->S && i <= w->nsh; i++)
-        free(w->S[i].pos), free(w->S[i].val), free(w->S[i].run);
+    for (Py_ssize_t i = 0; w->S && i <= w->nsh; i++) {
+        Samples *X = &w->S[i];
+        free(X->pos), free(X->val), free(X->pos2), free(X->val2), free(X->nv), free(X->run);
+    }
     free(w->S), free(w->live_of), free(w->kr), free(w->sp.cand), free(w->sp.scratch);
+    free(w->sp.np), free(w->sp.at), free(w->sp.idx), free(w->sp.surv), free(w->sp.q);
     memset(w, 0, sizeof(*w));
 }
 
@@ -816,7 +824,7 @@ static int split_node(Splitter *w, const Shard **sh, const int64_t *rng, int64_t
         w->live_of[i] = live;
         Samples *X = &S[live++];
         X->sh = sh[i], X->lo = lo, X->hi = hi;
-        X->pos = X->val = NULL, X->m = X->runs = 0;  /* run and rcap: a buffer kept for reuse */
+        X->m = X->runs = 0;  /* its buffers are kept for reuse (whichever shard had them) */
         width += hi - lo;
     }
     sp->live = live;
@@ -832,10 +840,6 @@ static int split_node(Splitter *w, const Shard **sh, const int64_t *rng, int64_t
                 if (w->live_of[i] >= 0) child_range(&S[w->live_of[i]], sp->cand[j].token, &r[2 * i], &r[2 * i + 1]);
             }
         }
-    }
-    for (int i = 0; i < live; i++) {
-        free(S[i].pos), free(S[i].val);
-        S[i].pos = S[i].val = NULL;
     }
     return ok;
 }
@@ -1225,26 +1229,71 @@ static int64_t *per_context(PyObject *o, Py_ssize_t n, const char *name) {
     return out;
 }
 
-static PyObject *bytes_of(const void *p, int64_t nbytes) {
-    return PyByteArray_FromStringAndSize(nbytes ? (const char *)p : "", (Py_ssize_t)nbytes);
+static PyObject *int_tuple(const int64_t *v, Py_ssize_t n) {
+    PyObject *t = PyTuple_New(n);
+    for (Py_ssize_t i = 0; t && i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, x);
+    }
+    return t;
+}
+
+/* A batch's contexts and settings, shared by its drafting threads; each thread takes the next
+ * undrafted context (`next`, atomic) and appends its tree to its own Drafter. */
+typedef struct {
+    const int64_t *tails, *toff, *tlen, *budgets, *depths;
+    int64_t n, max_suffix, min_suffix, min_count;
+    int64_t next;        /* the next context to draft */
+    int64_t *who;        /* [n] the thread that drafted context i */
+    int64_t *start;      /* [n] its first node in that thread's output; ends at start + size */
+    int64_t *size;       /* [n] */
+    int64_t *match;      /* [n] */
+} Batch;
+
+typedef struct {
+    Batch *b;
+    Drafter d;
+    int64_t id;
+    int ok;
+} Worker;
+
+static void *work(void *arg) {
+    Worker *w = arg;
+    Batch *b = w->b;
+    for (;;) {
+        int64_t i = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
+        if (i >= b->n || !w->ok) break;
+        int64_t before = w->d.nout;
+        w->ok = draft_one(&w->d, b->tails + b->toff[i], b->tlen[i], b->budgets[i], b->depths[i],
+                          b->max_suffix, b->min_suffix, b->min_count, &b->match[i]);
+        b->who[i] = w->id, b->start[i] = before, b->size[i] = w->d.nout - before;
+    }
+    return NULL;
 }
 
 /* draft_batch(shards, contexts, budgets, max_depths, max_suffix, min_suffix, seplim, min_count,
- *             samples, density) -> (tokens, parents, counts, offsets, match_lens)
+ *             samples, density, threads=1) -> (tokens, parents, counts, offsets, match_lens)
  * One exact trie per context (budgets, max_depths: an int, or one per context), all drafted with
- * the GIL released; out as bytearrays: tokens [total] int32, parents [total] int32 (within the
- * tree), counts [total] int64, offsets [n + 1] int64 (tree i = [offsets[i], offsets[i + 1])),
- * match_lens [n] int64. */
+ * the GIL released, by up to `threads` threads (each tree is drafted by one of them alone, so the
+ * trees do not depend on it); out: bytearrays tokens [total] int32, parents [total] int32 (within
+ * the tree) and counts [total] int64, tuples offsets [n + 1] (tree i = [offsets[i],
+ * offsets[i + 1])) and match_lens [n]. */
 static PyObject *py_draft_batch(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *shards_o, *contexts_o, *budgets_o, *depths_o;
-    long long max_suffix, min_suffix, seplim, min_count, samples, density;
-    if (!PyArg_ParseTuple(args, "OOOOLLLLLL", &shards_o, &contexts_o, &budgets_o, &depths_o,
-                          &max_suffix, &min_suffix, &seplim, &min_count, &samples, &density))
+    long long max_suffix, min_suffix, seplim, min_count, samples, density, threads = 1;
+    if (!PyArg_ParseTuple(args, "OOOOLLLLLL|L", &shards_o, &contexts_o, &budgets_o, &depths_o,
+                          &max_suffix, &min_suffix, &seplim, &min_count, &samples, &density,
+                          &threads))
         return NULL;
-    if (samples < 1 || density < 1 || min_suffix < 1 || max_suffix < min_suffix || min_count < 1) {
-        PyErr_SetString(PyExc_ValueError, "draft_batch: need samples, density, min_count >= 1 and "
-                                          "1 <= min_suffix <= max_suffix");
+    if (samples < 1 || density < 1 || min_suffix < 1 || max_suffix < min_suffix || min_count < 1
+        || threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "draft_batch: need samples, density, min_count, threads "
+                                          ">= 1 and 1 <= min_suffix <= max_suffix");
         return NULL;
     }
     Py_ssize_t nsh;
@@ -1252,17 +1301,21 @@ static PyObject *py_draft_batch(PyObject *self, PyObject *args) {
     if (!sh) return NULL;
     PyObject *cfast = PySequence_Fast(contexts_o, "draft_batch: contexts must be a sequence");
     Py_ssize_t n = cfast ? PySequence_Fast_GET_SIZE(cfast) : 0;
+    if (threads > n) threads = n > 0 ? n : 1;
+    if (threads > 64) threads = 64;
     int64_t *budgets = cfast ? per_context(budgets_o, n, "budgets") : NULL;
     int64_t *depths = budgets ? per_context(depths_o, n, "max_depths") : NULL;
     int64_t *tails = NULL, tcap = 0;  /* the contexts' tails, concatenated: tail i at toff[i] */
-    int64_t *tlen = depths ? malloc(sizeof(int64_t) * (n + 1)) : NULL;
-    int64_t *toff = tlen ? malloc(sizeof(int64_t) * (n + 1)) : NULL;
-    int64_t *offsets = toff ? malloc(sizeof(int64_t) * (n + 1)) : NULL;
-    int64_t *match = offsets ? malloc(sizeof(int64_t) * (n + 1)) : NULL;
+    int64_t *ints = depths ? malloc(sizeof(int64_t) * 7 * (n + 1)) : NULL;
+    int64_t *tlen = ints, *toff = ints + (n + 1), *offsets = ints + 2 * (n + 1);
+    Batch b = {.n = n, .max_suffix = max_suffix, .min_suffix = min_suffix, .min_count = min_count,
+               .budgets = budgets, .depths = depths, .tlen = tlen, .toff = toff};
+    b.match = ints + 3 * (n + 1), b.who = ints + 4 * (n + 1), b.start = ints + 5 * (n + 1);
+    b.size = ints + 6 * (n + 1);
+    Worker *workers = ints ? calloc(threads, sizeof(Worker)) : NULL;
     PyObject *result = NULL;
-    Drafter d;
-    int dinit = 0;
-    if (!match) {
+    int64_t started = 0, total = 0;
+    if (!workers) {
         if (depths && !PyErr_Occurred()) PyErr_NoMemory();
         goto done;
     }
@@ -1275,30 +1328,55 @@ static PyObject *py_draft_batch(PyObject *self, PyObject *args) {
         tlen[i] = context_tail(PySequence_Fast_GET_ITEM(cfast, i), max_suffix, &tails, &tcap, toff[i]);
         if (tlen[i] < 0) goto done;
     }
-    dinit = 1;
-    if (!drafter_init(&d, sh, nsh, seplim, samples, density)) {
-        PyErr_NoMemory();
-        goto done;
+    b.tails = tails;
+    for (; started < threads; started++) {
+        Worker *w = &workers[started];
+        w->b = &b, w->id = started, w->ok = 1;
+        if (!drafter_init(&w->d, sh, nsh, seplim, samples, density)) {
+            started++;
+            PyErr_NoMemory();
+            goto done;
+        }
     }
     int ok = 1;
     Py_BEGIN_ALLOW_THREADS
-    offsets[0] = 0;
-    for (Py_ssize_t i = 0; ok && i < n; i++) {
-        ok = draft_one(&d, tails + toff[i], tlen[i], budgets[i], depths[i], max_suffix,
-                       min_suffix, min_count, &match[i]);
-        offsets[i + 1] = d.nout;
-    }
+    pthread_t tid[64];
+    int64_t spawned = 0;
+    for (int64_t t = 1; t < threads; t++, spawned++)  /* this thread is worker 0 */
+        if (pthread_create(&tid[t], NULL, work, &workers[t]) != 0) break;
+    work(&workers[0]);
+    for (int64_t t = 1; t <= spawned; t++) pthread_join(tid[t], NULL);
+    for (int64_t t = 0; t < threads; t++) ok = ok && workers[t].ok;
     Py_END_ALLOW_THREADS
     if (!ok) {
         PyErr_NoMemory();
         goto done;
     }
-    result = Py_BuildValue("(NNNNN)", bytes_of(d.otok, 4 * d.nout), bytes_of(d.opar, 4 * d.nout),
-                           bytes_of(d.ocnt, 8 * d.nout), bytes_of(offsets, 8 * (n + 1)),
-                           bytes_of(match, 8 * n));
+    offsets[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) offsets[i + 1] = offsets[i] + b.size[i];
+    total = offsets[n];
+    PyObject *tok = PyByteArray_FromStringAndSize(NULL, 4 * total);
+    PyObject *par = PyByteArray_FromStringAndSize(NULL, 4 * total);
+    PyObject *cnt = PyByteArray_FromStringAndSize(NULL, 8 * total);
+    if (tok && par && cnt) {
+        int32_t *ot = (int32_t *)PyByteArray_AS_STRING(tok), *op = (int32_t *)PyByteArray_AS_STRING(par);
+        int64_t *oc = (int64_t *)PyByteArray_AS_STRING(cnt);
+        for (Py_ssize_t i = 0; i < n; i++) {  /* the trees in context order */
+            const Drafter *d = &workers[b.who[i]].d;
+            int64_t s = b.start[i], m = b.size[i], o = offsets[i];
+            if (!m) continue;
+            memcpy(ot + o, d->otok + s, 4 * m), memcpy(op + o, d->opar + s, 4 * m);
+            memcpy(oc + o, d->ocnt + s, 8 * m);
+        }
+        result = Py_BuildValue("(NNNNN)", tok, par, cnt, int_tuple(offsets, n + 1),
+                               int_tuple(b.match, n));
+    } else {
+        Py_XDECREF(tok), Py_XDECREF(par), Py_XDECREF(cnt);
+    }
 done:
-    if (dinit) drafter_free(&d);
-    free(sh), free(budgets), free(depths), free(tails), free(tlen), free(toff), free(offsets), free(match);
+    for (int64_t t = 0; t < started; t++) drafter_free(&workers[t].d);
+    free(workers);
+    free(sh), free(budgets), free(depths), free(tails), free(ints);
     Py_XDECREF(cfast);
     return result;
 }
@@ -1312,7 +1390,7 @@ static PyMethodDef methods[] = {
      "split(shards, ranges, k, seplim, keep, floor, waiting, samples, density) -> (children, cut)."},
     {"draft_batch", py_draft_batch, METH_VARARGS,
      "draft_batch(shards, contexts, budgets, max_depths, max_suffix, min_suffix, seplim, min_count, "
-     "samples, density) -> (tokens, parents, counts, offsets, match_lens) as bytearrays."},
+     "samples, density, threads=1) -> (tokens, parents, counts, offsets, match_lens)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -51,6 +51,11 @@ SAMPLES = 128
 # sparser leaves more small tokens whose upper bound reaches the cut (each then needs exact
 # boundary searches), denser reads more samples. Same measure: 2.79 ms at 1, 1.65 at 2, 1.68 at 3.
 DENSITY = 2
+# Threads that draft one batch by default (each context is drafted by one thread alone: the trees
+# do not depend on it), at most one per CONTEXTS_PER_THREAD contexts (a thread costs ~20-50 us to
+# start). 1: the 2-core development machine, shared, shows no gain; raise it on a many-core host.
+DRAFT_THREADS = 1
+CONTEXTS_PER_THREAD = 8
 NO_SEPARATOR = (1 << 63) - 1  # token limit when there is no separator: every id >= 0 is a token
 Ranges = tuple[tuple[int, int], ...]  # (lo, hi) per index
 Handle = tuple[int, Ranges, int]  # a trie node: (offset of its children's token, ranges, count)
@@ -211,11 +216,12 @@ def draft_from(indexes: Sequence[SuffixIndex], context, budget: int = 64, max_de
 
 def draft_batch(indexes: Sequence[SuffixIndex], contexts: Sequence, budget=64, max_depth=16,
                 max_suffix: int = 16, min_suffix: int = 1, separator: int | None = None,
-                min_count: int = 1) -> list[DraftTree]:
+                min_count: int = 1, threads: int | None = None) -> list[DraftTree]:
     """`draft_from` for every context, in one call of the kernel with the GIL released.
 
     budget, max_depth: an int, or one per context. The trees are exactly draft_from's, each
-    context drafted on its own: tokens, parents, counts and match_len.
+    context drafted on its own: tokens, parents, counts and match_len. threads: how many draft
+    the batch (None: up to DRAFT_THREADS, one per CONTEXTS_PER_THREAD contexts).
     """
     n = len(contexts)
     budgets, depths = _per_context(budget, n, "budget"), _per_context(max_depth, n, "max_depth")
@@ -232,14 +238,14 @@ def draft_batch(indexes: Sequence[SuffixIndex], contexts: Sequence, budget=64, m
                                         and c.dtype.isnative)
             else _as_ints(c[-max_suffix:] if len(c) else c) for c in contexts]
     tok, par, cnt, off, match = _kernel.draft_batch(
-        tuple(ix.kernel for ix in indexes), ctxs, budgets, depths, max_suffix, min_suffix,
-        NO_SEPARATOR if sep is None else sep, min_count, SAMPLES, DENSITY)
+        tuple([ix.kernel for ix in indexes]), ctxs, budgets, depths, max_suffix, min_suffix,
+        NO_SEPARATOR if sep is None else sep, min_count, SAMPLES, DENSITY,
+        max(1, min(DRAFT_THREADS, n // CONTEXTS_PER_THREAD)) if threads is None else threads)
     tok = np.frombuffer(tok, dtype=np.int32)  # [total] every tree's nodes, concatenated
     par = np.frombuffer(par, dtype=np.int32)
     cnt = np.frombuffer(cnt, dtype=np.int64)
-    off = np.frombuffer(off, dtype=np.int64).tolist()  # [n + 1]
-    return [_kernel_tree(tok[a:b], par[a:b], cnt[a:b], m)
-            for a, b, m in zip(off, off[1:], np.frombuffer(match, dtype=np.int64).tolist())]
+    return [_kernel_tree(tok[a:b], par[a:b], cnt[a:b], m)  # off: n + 1 ints, match: n ints
+            for a, b, m in zip(off, off[1:], match)]
 
 
 _NATIVE = (list, tuple)
@@ -257,6 +263,7 @@ def _per_context(value, n: int, name: str) -> int | list[int]:
     return values
 
 _TREE_FIELDS = ("tokens", "parents", "counts", "match_len", "source")
+_TREE_DICT = not hasattr(DraftTree, "__slots__")  # a plain dataclass: its fields live in __dict__
 
 
 def _kernel_tree(tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, match_len: int
@@ -264,8 +271,12 @@ def _kernel_tree(tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, ma
     """A DraftTree from the kernel's arrays (already int32/int32/int64, contiguous, parents before
     children), without DraftTree's checks: they cost ~12 us a tree, more than many drafts."""
     tree = object.__new__(DraftTree)
-    for name, value in zip(_TREE_FIELDS, (tokens, parents, counts, match_len, "retrieval")):
-        object.__setattr__(tree, name, value)
+    if _TREE_DICT:
+        tree.__dict__.update(tokens=tokens, parents=parents, counts=counts, match_len=match_len,
+                             source="retrieval")
+    else:  # pragma: no cover - a DraftTree with __slots__
+        for name, value in zip(_TREE_FIELDS, (tokens, parents, counts, match_len, "retrieval")):
+            object.__setattr__(tree, name, value)
     return tree
 
 

@@ -184,6 +184,9 @@ def test_seeded_sweep_against_the_python_expansion():
         min_suffix = int(rng.integers(1, min(3, max_suffix) + 1))
         min_count = int(rng.choice([1, 1, 2, 16]))
         got = draft_batch(shards, contexts, budgets, depths, max_suffix, min_suffix, None, min_count)
+        threaded = draft_batch(shards, contexts, budgets, depths, max_suffix, min_suffix, None,
+                               min_count, threads=int(rng.integers(2, 6)))
+        assert all(a.same_as(b) for a, b in zip(threaded, got))
         for c, b, d, g in zip(contexts, budgets, depths, got):
             want = python_draft(shards, c, b, d, max_suffix, min_suffix, None, min_count)
             assert same(g, want), (c, b, d, max_suffix, min_suffix, min_count)
@@ -248,6 +251,8 @@ def test_bad_inputs_are_rejected():
             draft_batch([ix], [[0], [1]], **kwargs)
     with pytest.raises(ValueError):
         index_mod._kernel.draft_batch((ix.kernel,), [[0]], 4, 4, 4, 1, 3, 1, 0, 2)  # samples 0
+    with pytest.raises(ValueError):
+        draft_batch([ix], [[0]], threads=0)
     with pytest.raises(TypeError):
         index_mod._kernel.draft_batch(("not a shard",), [[0]], 4, 4, 4, 1, 3, 1, 8, 2)
 
@@ -294,16 +299,17 @@ def test_uint32_tokens_and_int64_suffix_array():
 
 
 def test_threads_draft_concurrently_and_identically():
-    """The kernel keeps no state between calls and drafts with the GIL released."""
+    """The kernel keeps no state between calls, drafts with the GIL released, and a batch drafted
+    by several kernel threads gives the same trees in the same order."""
     rng = np.random.default_rng(6)
     docs = [np.where(rng.random(4000) < 0.3, 0, rng.integers(1, 50, 4000)) for _ in range(20)]
     shards = [make_index(g, 50) for g in split_docs(docs, [7])]
     contexts = [d[: int(rng.integers(1, 400))] for d in docs for _ in range(3)]
-    want = draft_batch(shards, contexts, 64, 8, min_count=4)
+    want = draft_batch(shards, contexts, 64, 8, min_count=4, threads=1)
     results: list = [None] * 4
 
-    def work(i):
-        results[i] = draft_batch(shards, contexts, 64, 8, min_count=4)
+    def work(i):  # Python threads, each running a batch over 1-4 kernel threads
+        results[i] = draft_batch(shards, contexts, 64, 8, min_count=4, threads=i + 1)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
     for t in threads:
