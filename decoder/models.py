@@ -52,6 +52,9 @@ def load_model(spec: str = "smollm2", gguf_file: str | None = None, dtype=None, 
     folder, gguf = resolve_spec(spec, gguf_file)
     dtype = parse_dtype(dtype)
     device = torch.device(device) if device is not None else default_device()
+    if device.type == "cuda" and not torch.cuda.is_available():  # before minutes of loading, not after
+        raise ValueError(f"device {device} was asked for, but torch.cuda.is_available() is False "
+                         f"(torch {torch.__version__}, CUDA build: {torch.version.cuda})")
     tokenizer = load_tokenizer(spec, gguf_file)
     source, kwargs = folder, {}
     if gguf is not None:

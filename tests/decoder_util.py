@@ -11,8 +11,10 @@ from decoder.drafters.base import Drafter, SideBranch
 VOCAB = 96
 
 
-def tiny_model(kind: str = "llama", attn: str = "eager", seed: int = 0, vocab: int = VOCAB, eos: int | None = None):
-    """A 2-layer random model in fp32; peaked init so greedy has no near-ties."""
+def tiny_model(kind: str = "llama", attn: str = "eager", seed: int = 0, vocab: int = VOCAB, eos: int | None = None,
+               device: str | torch.device = "cpu"):
+    """A 2-layer random model in fp32 on `device`; peaked init so greedy has no near-ties. The
+    weights come from the CPU generator, so every device gets the same model for a seed."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
@@ -28,7 +30,7 @@ def tiny_model(kind: str = "llama", attn: str = "eager", seed: int = 0, vocab: i
         raise ValueError(kind)
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = 0
-    return model.eval().float()
+    return model.eval().float().to(device)
 
 
 class StubTokenizer:
@@ -48,7 +50,8 @@ class StubTokenizer:
 
 
 def greedy(model, prompt, n, eos=None) -> list[int]:
-    x = torch.tensor([list(prompt)])
+    """model.generate(do_sample=False) on the model's own device: the reference of every test."""
+    x = torch.tensor([list(prompt)], device=model.device)
     kw = {} if eos is None else {"eos_token_id": eos}
     with torch.no_grad():
         out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,

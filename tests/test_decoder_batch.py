@@ -1,4 +1,4 @@
-"""generate_batch: rows of different lengths, trees, stop points == their single decodes."""
+"""generate_batch: rows of different lengths, trees, stop points == their single decodes (per device)."""
 from __future__ import annotations
 
 import pytest
@@ -13,8 +13,8 @@ N = 20
 
 @pytest.mark.parametrize("kind,attn", [("llama", "eager"), ("qwen2", "sdpa")])
 @pytest.mark.parametrize("mode", ["right", "bushy", "wrong"])
-def test_batch_equals_single(kind, attn, mode):
-    model = tiny_model(kind, attn, seed=11)
+def test_batch_equals_single(kind, attn, mode, device):
+    model = tiny_model(kind, attn, seed=11, device=device)
     ps = prompts(6, seed=2, lo=1, hi=30)  # lengths 1..29: left padding of very different widths
     full = [greedy(model, p, N + 10) for p in ps]
     truth = {i: p + f for i, (p, f) in enumerate(zip(ps, full))}
@@ -28,9 +28,9 @@ def test_batch_equals_single(kind, attn, mode):
     assert oracle.calls["begin"] == oracle.calls["end"] == len(ps)
 
 
-def test_batch_rows_finish_at_different_steps():
+def test_batch_rows_finish_at_different_steps(device):
     """EOS ends some rows early; they drop out and the others continue unchanged."""
-    model = tiny_model("llama", "eager", seed=11)
+    model = tiny_model("llama", "eager", seed=11, device=device)
     ps = prompts(6, seed=4, lo=2, hi=25)
     full = [greedy(model, p, N + 10) for p in ps]
     eos = full[2][4]

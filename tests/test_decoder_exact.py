@@ -1,4 +1,5 @@
-"""Token-for-token equality with model.generate(do_sample=False), fp32, tiny random Llama/Qwen2."""
+"""Token-for-token equality with model.generate(do_sample=False), fp32, tiny random Llama/Qwen2,
+on the CPU and (when present) CUDA: every test runs once per `device` (tests/conftest.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,9 +18,9 @@ ARCHS = [("llama", "eager"), ("llama", "sdpa"), ("qwen2", "eager"), ("qwen2", "s
 
 
 @pytest.fixture(scope="module", params=ARCHS, ids=lambda a: "-".join(a))
-def case(request):
+def case(request, device):
     kind, attn = request.param
-    model = tiny_model(kind, attn, seed=3)
+    model = tiny_model(kind, attn, seed=3, device=device)
     ps = prompts(3, seed=7)
     full = [greedy(model, p, N + 12) for p in ps]  # longer than the decode: drafts run past the end
     return model, ps, full
@@ -119,9 +120,9 @@ def test_side_branch_unchanged_and_correct(case):
     for step in (0, len(contexts) // 2):
         ctx = contexts[step]
         toks = side.sent[step]
-        x = torch.tensor([ctx.tolist() + toks.tolist()])
+        x = torch.tensor([ctx.tolist() + toks.tolist()], device=model.device)
         with torch.no_grad():
-            ref = model(x).logits[0, len(ctx):].argmax(-1).numpy()
+            ref = model(x).logits[0, len(ctx):].argmax(-1).cpu().numpy()
         assert np.array_equal(side.results[step], ref)
     # top-k: the first row of each step is the last committed token, its top-1 is the next token
     tokens, top = topk.seen[0]

@@ -1,5 +1,8 @@
-"""RetrievalDrafter over a real LMDB datastore; fingerprint check; remote failures; make_drafters."""
+"""RetrievalDrafter over a real LMDB datastore; fingerprint check; remote failures; make_drafters.
+The decodes compared with greedy run once per `device` (tests/conftest.py; cuda skipped without one)."""
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -29,8 +32,19 @@ def world(tmp_path_factory):
     return model, ps, outs, path
 
 
-def test_decode_with_real_datastore(world):
+@pytest.fixture(scope="module")
+def on_device(world, device):
+    """`world` with the model on `device` and its greedy references taken there (the datastore
+    is the CPU world's: the same continuations for this peaked fp32 model)."""
     model, ps, outs, path = world
+    if device == "cpu":
+        return world
+    moved = copy.deepcopy(model).to(device)
+    return moved, ps, [greedy(moved, p, N + 8) for p in ps], path
+
+
+def test_decode_with_real_datastore(on_device):
+    model, ps, outs, path = on_device
     dec = SpeculativeDecoder(model, StubTokenizer(),
                              make_drafters(["retrieval"], datastore=str(path), tokenizer=StubTokenizer()),
                              DecoderSettings(budget=24))
@@ -75,8 +89,8 @@ class FlakyRemote:
 
 
 @pytest.mark.parametrize("mode", ["empty", "raise"])
-def test_remote_dies_mid_generation(world, mode):
-    model, ps, outs, path = world
+def test_remote_dies_mid_generation(on_device, mode):
+    model, ps, outs, path = on_device
     from datastore.store import Datastore
 
     with Datastore.open(path) as ds:
@@ -102,10 +116,10 @@ def test_make_drafters_errors(world):
     assert isinstance(d, RetrievalDrafter) and d.max_suffix == 8
 
 
-def test_min_count_reaches_the_datastore_and_decoding_stays_exact(world):
+def test_min_count_reaches_the_datastore_and_decoding_stays_exact(on_device):
     """The drafter's min_count is the datastore's: its trees are Datastore.draft(min_count=k)'s, and
     they differ from the longest match's on some context of this store; every decode is exact."""
-    model, ps, outs, path = world
+    model, ps, outs, path = on_device
     from datastore.store import Datastore
 
     with Datastore.open(path) as ds:
@@ -132,14 +146,14 @@ def test_settings_validation():
     assert DecoderSettings(budget=5, eos_token_ids=[3]).eos_token_ids == (3,)
 
 
-def test_grpc_server_killed_mid_generation(world, tmp_path):
+def test_grpc_server_killed_mid_generation(on_device, tmp_path):
     """A real server on a loopback port, stopped after a few steps: same tokens, failures counted."""
     from builder.writer import write_datastore
     from client import DraftClient
     from datastore.serve_settings import ServeSettings
     from datastore.server import serve
 
-    model, ps, outs, _ = world
+    model, ps, outs, _ = on_device
     path = tmp_path / "served"  # its own copy: LMDB opens a path once per process
     docs = [np.asarray(p + o, dtype=np.int64) for p, o in zip(ps, outs)]
     write_datastore(path, docs, tokenizer_info(StubTokenizer(), "stub"))

@@ -1,4 +1,5 @@
-"""Lossless sampling: same seed -> same output; with drafts the distribution equals plain sampling."""
+"""Lossless sampling: same seed -> same output; with drafts the distribution equals plain sampling.
+Every test runs once per `device` (tests/conftest.py; cuda skipped without one)."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,17 +18,18 @@ TEMP = 1.5
 
 
 @pytest.fixture(scope="module")
-def model():
-    return tiny_model("llama", "sdpa", seed=21)
+def model(device):
+    return tiny_model("llama", "sdpa", seed=21, device=device)
 
 
 def exact(model, temperature, top_p):
     """-> p1 [V] first-token probabilities, p2 [V] second-token marginal, p2_given [V, V]."""
     with torch.no_grad():
-        p1 = warp(model(torch.tensor([PROMPT])).logits[0, -1:], temperature, top_p)[0]
+        p1 = warp(model(torch.tensor([PROMPT], device=model.device)).logits[0, -1:], temperature, top_p)[0]
         v = p1.shape[0]
-        seqs = torch.tensor([PROMPT + [t] for t in range(v)])
+        seqs = torch.tensor([PROMPT + [t] for t in range(v)], device=model.device)
         p2_given = warp(model(seqs).logits[:, -1], temperature, top_p)  # [V, V]
+    p1, p2_given = p1.cpu(), p2_given.cpu()
     return p1.double().numpy(), (p1[:, None] * p2_given).sum(0).double().numpy(), p2_given.double().numpy()
 
 

@@ -1,4 +1,5 @@
-"""SmolLM2-135M + a real datastore of standard-library files: identical to greedy, > 1 token/step."""
+"""SmolLM2-135M + a real datastore of standard-library files: identical to greedy, > 1 token/step,
+fp32 on the CPU and (when present) CUDA."""
 from __future__ import annotations
 
 import sysconfig
@@ -36,7 +37,7 @@ def humaneval_prompts(n: int) -> list[str]:
 
 
 @pytest.mark.parametrize("drafters", [("retrieval",), ("retrieval", "ngram", "reference")])
-def test_smollm2_identical_and_faster_per_step(store, drafters):
+def test_smollm2_identical_and_faster_per_step(store, drafters, device):
     from decoder import SpeculativeDecoder
     from decoder.drafters.registry import LOCAL
 
@@ -44,7 +45,8 @@ def test_smollm2_identical_and_faster_per_step(store, drafters):
     for name in drafters:  # the local drafters come from another issue
         if name in LOCAL and importlib.util.find_spec(LOCAL[name][0]) is None:
             pytest.fail(f"drafter {name} is not in the tree yet")
-    dec = SpeculativeDecoder.from_pretrained("smollm2", datastore=str(store), drafters=drafters, dtype="float32")
+    dec = SpeculativeDecoder.from_pretrained("smollm2", datastore=str(store), drafters=drafters, dtype="float32",
+                                         device=device)
     total_new = total_steps = 0
     for prompt in humaneval_prompts(3):
         base = dec.greedy_baseline(prompt, N)

@@ -1,4 +1,5 @@
-"""Text: stop strings (no token after the stop leaks), chat prompts, str references; real tokenizer."""
+"""Text: stop strings (no token after the stop leaks), chat prompts, str references; real tokenizer.
+Every test runs once per `device` (tests/conftest.py; cuda skipped without one)."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,9 +16,9 @@ PROMPTS = ["def fibonacci(n):\n", "The quick brown fox", "import os\nimport sys\
 
 
 @pytest.fixture(scope="module")
-def setup(smollm2_tokenizer):
+def setup(smollm2_tokenizer, device):
     tok = smollm2_tokenizer
-    model = tiny_model("llama", "sdpa", seed=4, vocab=len(tok))
+    model = tiny_model("llama", "sdpa", seed=4, vocab=len(tok), device=device)
     dec = SpeculativeDecoder(model, tok, [], DecoderSettings(budget=8))
     refs = [dec.greedy_baseline(p, N).token_ids for p in PROMPTS]
     return tok, model, refs

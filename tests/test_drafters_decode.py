@@ -1,6 +1,6 @@
 """Lossless decoding with every local drafter on: token-for-token equal to
 model.generate(do_sample=False) in fp32, for tiny random Llama/Qwen2 (and SmolLM2 under -m slow),
-single rows and batches, with and without references."""
+single rows and batches, with and without references; on the CPU and (when present) CUDA."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,8 +36,8 @@ def local_drafters(**lookahead):
     return [ReferenceDrafter(), NGramDrafter(), RecycleDrafter(), SpyLookahead(**lookahead)]
 
 
-def make_case(kind: str, attn: str):
-    model = tiny_model(kind, attn, seed=5)
+def make_case(kind: str, attn: str, device: str = "cpu"):
+    model = tiny_model(kind, attn, seed=5, device=device)
     ps = prompts(4, seed=11, lo=6, hi=30)
     ps[0] = ps[0] + ps[0][:8]  # a prompt that repeats itself: the copy sources fire
     full = [greedy(model, p, N) for p in ps]
@@ -45,14 +45,14 @@ def make_case(kind: str, attn: str):
 
 
 @pytest.fixture(scope="module", params=ARCHS, ids=lambda a: "-".join(a))
-def case(request):
-    return make_case(*request.param)
+def case(request, device):
+    return make_case(*request.param, device=device)
 
 
 @pytest.fixture(scope="module")
-def one():
+def one(device):
     """One architecture for the tests whose point is not the architecture."""
-    return make_case("llama", "sdpa")
+    return make_case("llama", "sdpa", device=device)
 
 
 def test_all_local_drafters_equal_greedy(case):
@@ -118,12 +118,12 @@ def test_auto_budget_with_all_sources(one):
 
 
 @pytest.mark.slow
-def test_smollm2_all_sources_equal_greedy():
+def test_smollm2_all_sources_equal_greedy(device):
     import torch
 
     from decoder.models import load_model
 
-    model, tok = load_model("smollm2", dtype="float32")
+    model, tok = load_model("smollm2", dtype="float32", device=device)
     texts = [
         'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
         "The quick brown fox jumps over the lazy dog. The quick brown fox",
@@ -133,7 +133,7 @@ def test_smollm2_all_sources_equal_greedy():
     n = 32
     full = []
     for p in ps:
-        x = torch.tensor([p])
+        x = torch.tensor([p], device=model.device)
         with torch.no_grad():
             out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n,
                                  pad_token_id=tok.pad_token_id or 0)
