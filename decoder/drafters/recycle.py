@@ -101,32 +101,36 @@ class RecycleDrafter(Drafter):
         self.settings = replace(settings or RecycleSettings(), **overrides)
         self.topk = self.settings.k
         self._n = self.settings.vocab_size  # rows of the public table
-        self._alloc(self._n, np.zeros((0, self.topk), dtype=np.int32))
+        self._rows = 0  # rows of `_next` before the sentinel
+        self._alloc(self._n)
 
-    def _alloc(self, rows: int, old: np.ndarray) -> None:
-        """Successors [rows + 1, k] int32 (-1 = unknown; the last row, the sentinel, stays -1:
-        `rows` also covers every successor id, so a node's children are always that node's row)
-        and `_next`, the same table as flat row offsets (token * k, unknown -> sentinel * k):
-        filling a tree level is one add and one take."""
-        self._padded = np.full((rows + 1, self.topk), -1, dtype=np.int32)
-        self._padded[: old.shape[0]] = old
+    def _alloc(self, rows: int) -> None:
+        """`_next`: the successor table as flat row offsets, [(rows + 1) * k] int64: entry
+        (t, r) = (rank-r successor of t) * k, or `_dead` = rows * k when unknown. Row `rows`, the
+        sentinel, is all dead, and `rows` covers every successor id, so filling a tree level is
+        one add and one take, with no mask."""
+        old = self.table if self._rows else None
+        self._rows = rows
         self._dead = rows * self.topk
-        p = self._padded.astype(np.int64)
-        self._next = np.where(p >= 0, p * self.topk, self._dead).reshape(-1)
+        self._next = np.full((rows + 1) * self.topk, self._dead, dtype=np.int64)
+        if old is not None:
+            o = old.astype(np.int64)
+            self._next[: o.size] = np.where(o >= 0, o * self.topk, self._dead).reshape(-1)
 
     @property
     def table(self) -> np.ndarray:
         """[vocab, k] int32 successors, best first; -1 = unknown (read-only: use observe_topk/reset)."""
-        view = self._padded[: self._n]
-        view.flags.writeable = False
-        return view
+        nxt = self._next[: self._n * self.topk].reshape(-1, self.topk)
+        out = np.where(nxt == self._dead, -1, nxt // self.topk).astype(np.int32)
+        out.flags.writeable = False  # a copy: writing into it would change nothing
+        return out
 
     def _grow(self, max_token: int, max_successor: int) -> None:
         if max_token >= self._n:
             self._n = max(max_token + 1, 2 * self._n, 1024)
         need = max(self._n, max_successor + 1)
-        if need > self._padded.shape[0] - 1:
-            self._alloc(max(need, 2 * (self._padded.shape[0] - 1)), self._padded[:-1])
+        if need > self._rows:
+            self._alloc(max(need, 2 * self._rows))
 
     def observe_topk(self, tokens: np.ndarray, topk: np.ndarray) -> None:
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)  # [n]
@@ -134,25 +138,40 @@ class RecycleDrafter(Drafter):
         assert topk.ndim == 2 and topk.shape[0] == tokens.shape[0], f"topk must be [n, k], got {topk.shape}"
         if not tokens.shape[0]:
             return
-        if int(tokens.min()) < 0:
-            ok = tokens >= 0
-            tokens, topk = tokens[ok], topk[ok]
-            if not tokens.shape[0]:
-                return
         # a token seen twice: its latest evidence (the last occurrence) wins
-        order = np.argsort(tokens, kind="stable")
-        srt = tokens[order]
-        last = np.ones(srt.shape[0], dtype=bool)
-        np.not_equal(srt[1:], srt[:-1], out=last[:-1])
-        pick = order[last]
-        tokens = srt[last]
+        if tokens.shape[0] <= 256:  # one row's positions: a dict is cheaper than a sort
+            latest = dict(zip(tokens.tolist(), range(tokens.shape[0])))
+            latest.pop(-1, None)
+            if min(latest, default=0) < 0:
+                latest = {t: i for t, i in latest.items() if t >= 0}
+            if not latest:
+                return
+            tokens = np.fromiter(latest.keys(), dtype=np.int64, count=len(latest))
+            pick = np.fromiter(latest.values(), dtype=np.int64, count=len(latest))
+        else:
+            if int(tokens.min()) < 0:
+                keep = np.flatnonzero(tokens >= 0)
+                tokens = tokens[keep]
+                if not tokens.shape[0]:
+                    return
+            else:
+                keep = None
+            order = np.argsort(tokens, kind="stable")
+            srt = tokens[order]
+            last = np.ones(srt.shape[0], dtype=bool)
+            np.not_equal(srt[1:], srt[:-1], out=last[:-1])
+            pick = order[last] if keep is None else keep[order[last]]
+            tokens = srt[last]
         k = min(self.topk, topk.shape[1])
-        rows = np.full((tokens.shape[0], self.topk), -1, dtype=np.int32)
-        rows[:, :k] = topk[pick, :k]
-        self._grow(int(tokens[-1]), int(rows.max()))
-        self._padded[tokens] = rows
-        r64 = rows.astype(np.int64)
-        self._next.reshape(-1, self.topk)[tokens] = np.where(r64 >= 0, r64 * self.topk, self._dead)
+        if k == self.topk:
+            rows = topk[pick, :k].astype(np.int32).astype(np.int64)  # int32 as the table always kept them
+        else:
+            rows = np.full((tokens.shape[0], self.topk), -1, dtype=np.int64)
+            rows[:, :k] = topk[pick, :k].astype(np.int32)
+        self._grow(int(tokens.max()), int(rows.max()))  # before reading _dead: growing moves it
+        nxt = rows * self.topk
+        nxt[rows < 0] = self._dead
+        self._next.reshape(-1, self.topk)[tokens] = nxt
 
     def propose(self, row: int, context: np.ndarray, budget: int, max_depth: int) -> DraftTree:
         return self.propose_batch([row], [context], budget, [max_depth])[0]
@@ -170,7 +189,7 @@ class RecycleDrafter(Drafter):
                 continue
             last = int(ctx[-1])
             depth_cap = min(int(d), cap)
-            if depth_cap <= 0 or last >= self._n or self._padded[last, 0] < 0:
+            if depth_cap <= 0 or last >= self._n or self._next[last * self.topk] == self._dead:
                 continue
             groups.setdefault(depth_cap, []).append((i, last))
         for depth_cap, members in groups.items():
@@ -221,7 +240,6 @@ class RecycleDrafter(Drafter):
 
     def reset(self) -> None:
         """Forget every successor (the table otherwise persists across requests)."""
-        self._padded[:] = -1
         self._next[:] = self._dead
 
 
