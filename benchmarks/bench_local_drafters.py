@@ -13,6 +13,7 @@ calls are timed, in process CPU time (best of --repeats runs). The recycle table
 after earlier requests.
 
     python -m benchmarks.bench_local_drafters [--impl new|old|both] [--steps 48] [--batches 1,32]
+        [--out benchmarks/results/local_drafters.md]
 
 `--impl old` times the snapshot the rewrite must match (tests/drafters_reference_impl.py).
 """
@@ -154,6 +155,7 @@ def main(argv=None) -> None:
     ap.add_argument("--budgets", default="16,64")
     ap.add_argument("--drafters", default=",".join(DRAFTERS))
     ap.add_argument("--repeats", type=int, default=3, help="best of this many runs")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table as markdown here")
     args = ap.parse_args(argv)
     from builder.tokenizer import load_tokenizer
 
@@ -161,11 +163,14 @@ def main(argv=None) -> None:
     batches = [int(x) for x in args.batches.split(",")]
     budgets = [int(x) for x in args.budgets.split(",")]
     data = corpus(tok, max(batches))
-    print(f"prompts: {len(data)}, mean {np.mean([p.shape[0] for p, _ in data]):.0f} tokens; "
-          f"{args.steps} steps; us per row per step (best of {args.repeats})")
+    head = (f"prompts: {len(data)}, mean {np.mean([p.shape[0] for p, _ in data]):.0f} tokens; "
+            f"{args.steps} steps; us per row per step, process CPU time (best of {args.repeats})")
+    print(head)
     impls = ("old", "new") if args.impl == "both" else (args.impl,)
-    print(f"{'drafter':10} {'batch':>5} {'budget':>6} " + " ".join(
-        f"{i + ' propose':>13} {i + ' observe':>13}" for i in impls) + f" {'nodes':>6}")
+    cols = [f"{i} {what}" for i in impls for what in ("propose", "observe")]
+    print(f"{'drafter':15} {'batch':>5} {'budget':>6} " + " ".join(f"{c:>12}" for c in cols) + f" {'nodes':>6}")
+    md = [head, "", "| drafter | batch | budget | " + " | ".join(cols) + " | nodes/tree |",
+          "|---|---|---|" + "---|" * len(cols) + "---|"]
     for name in args.drafters.split(","):
         for b in batches:
             for budget in budgets:
@@ -174,8 +179,11 @@ def main(argv=None) -> None:
                     runs = [run(impl, name, data, b, budget, args.steps) for _ in range(args.repeats)]
                     cells += [min(r[0] for r in runs), min(r[1] for r in runs)]
                     nodes = runs[0][2]
-                print(f"{name:10} {b:5d} {budget:6d} " + " ".join(f"{c:13.1f}" for c in cells) + f" {nodes:6.1f}",
+                print(f"{name:15} {b:5d} {budget:6d} " + " ".join(f"{c:12.1f}" for c in cells) + f" {nodes:6.1f}",
                       flush=True)
+                md.append(f"| {name} | {b} | {budget} | " + " | ".join(f"{c:.1f}" for c in cells) + f" | {nodes:.1f} |")
+    if args.out is not None:
+        args.out.write_text("\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

@@ -239,3 +239,21 @@ def test_list_contexts_are_accepted_as_before(cls, old_cls):
     new.begin(0, seq[:40])
     ref.begin(0, seq[:40])
     same(new.propose(0, seq[:60].tolist(), 16, 8), ref.propose(0, seq[:60].tolist(), 16, 8), "list context")
+
+
+class _AlwaysOneStage(RecycleDrafter):
+    def _fill_rows(self, *args):
+        self._sparse = True
+        return super()._fill_rows(*args)
+
+
+class _AlwaysTwoStages(RecycleDrafter):
+    def _fill_rows(self, *args):
+        self._sparse = False
+        return super()._fill_rows(*args)
+
+
+@pytest.mark.parametrize("cls", [_AlwaysOneStage, _AlwaysTwoStages])
+@pytest.mark.parametrize("seed", range(4))
+def test_recycle_fill_stages_do_not_change_trees(cls, seed):
+    drive(lambda: cls(k=3), lambda: old.RecycleDrafter(k=3), seed, 4, 25, vocab=[6, 60][seed % 2], topk=True)

@@ -64,7 +64,7 @@ def stage_sizes(budget: int, full: int) -> list[int]:
 
 
 @lru_cache(maxsize=64)
-def layout(weights: tuple[float, ...], budget: int, max_depth: int) -> tuple:
+def layout(weights: tuple[float, ...], budget: int, max_depth: int, one_stage: bool = False) -> tuple:
     """The largest template `best_live_tree` may fill, laid out for filling many rows at once.
 
     A template is a prefix of every larger one, so each stage only adds nodes. Storage
@@ -76,7 +76,8 @@ def layout(weights: tuple[float, ...], budget: int, max_depth: int) -> tuple:
     # the result is the first `budget` known nodes of the largest template whichever stage
     # stops (a stage stops once it holds `budget` of them), so two stages do: `budget` nodes,
     # enough for a warm table, then all the rest at once (one slice per depth, not per retry)
-    sizes = sizes[:1] + sizes[-1:] if len(sizes) > 1 else sizes
+    # (one_stage: straight to the largest, for tables so sparse that most rows need it)
+    sizes = sizes[-1:] if one_stage else sizes[:1] + sizes[-1:] if len(sizes) > 1 else sizes
     ranks, parents, depths, counts = template(weights, sizes[-1], max_depth)
     order = np.concatenate([lo + np.argsort(depths[lo:hi], kind="stable")
                             for lo, hi in zip([0] + sizes[:-1], sizes)])  # storage slot -> node
@@ -101,6 +102,7 @@ class RecycleDrafter(Drafter):
         self.settings = replace(settings or RecycleSettings(), **overrides)
         self.topk = self.settings.k
         self._n = self.settings.vocab_size  # rows of the public table
+        self._sparse = False  # most rows of the last proposal needed more than `budget` template nodes
         self._rows = 0  # rows of `_next` before the sentinel
         self._alloc(self._n)
 
@@ -199,9 +201,9 @@ class RecycleDrafter(Drafter):
         return out
 
     def _fill_rows(self, last: np.ndarray, budget: int, depth_cap: int) -> list[DraftTree]:
-        """`best_live_tree` for every row of `last` [b] at once: each retry stage fills only the
+        """`best_live_tree` for every row of `last` [b] at once: each stage fills only the
         template nodes it adds, one add and one take per depth, for the rows still short."""
-        sizes, stages, slot, parents, counts = layout(self.settings.rank_weights, budget, depth_cap)
+        sizes, stages, slot, parents, counts = layout(self.settings.rank_weights, budget, depth_cap, self._sparse)
         trees: list[DraftTree | None] = [None] * last.shape[0]
         todo = np.arange(last.shape[0])
         val = np.empty((last.shape[0], sizes[-1]), dtype=np.int64)  # token * k per storage slot
@@ -214,6 +216,13 @@ class RecycleDrafter(Drafter):
                 np.take(nxt, (base if root else val[:, pslot]) + ranks, out=val[:, a:b], mode="clip")
             n_alive += np.count_nonzero(val[:, lo:size] != dead, axis=1)
             final = n_alive >= budget
+            # whether most rows need more than the first stage decides the next call's stages
+            # (the trees are the same either way: the first `budget` known nodes of the largest)
+            if lo == 0 and len(sizes) > 1:
+                self._sparse = 2 * int(np.count_nonzero(final)) < final.shape[0]
+            elif lo == 0 and size > budget:
+                enough = np.count_nonzero((val[:, slot[:budget]] != dead).all(axis=1))
+                self._sparse = 2 * int(enough) < final.shape[0]
             if size == sizes[-1]:
                 final[:] = True
             for j in np.flatnonzero(final).tolist():
