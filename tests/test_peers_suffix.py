@@ -86,7 +86,7 @@ def test_drafter_lifecycle_with_a_fake_tree():
     store = FakeStore([5, 6, 99, 7, 99, 8, 8, 8, 99])
     d = sd.SuffixDecodingDrafter(store, native=fake_native(trees))
     glob = trees[0]
-    assert glob.seqs == {0: [5, 6], 1: [7], 2: [8, 8, 8]} and d.corpus_tokens == 6
+    assert glob.seqs == {0: [5, 6], 1: [7], 2: [8, 8, 8]} and d.corpus.tokens == 6
     d.begin(0, np.array([1, 2, 3]), references=[np.array([4, 4])])
     local = trees[1]
     assert local.seqs == {0: [1, 2, 3], 1: [4, 4]}
@@ -110,6 +110,27 @@ def test_drafter_lifecycle_with_a_fake_tree():
     assert glob.seqs[3] == [30, 31] and glob.seqs[4] == [40]  # the earlier response stays
     d.forget_responses()
     assert set(glob.seqs) == {0, 1, 2}
+
+
+def test_drafters_sharing_a_corpus_tree_see_only_their_own_responses():
+    trees: list[FakeTree] = []
+    corpus = sd.CorpusTree(FakeStore([5, 6, 99]), native=fake_native(trees))
+    glob = trees[0]
+    a, b = sd.SuffixDecodingDrafter(corpus=corpus), sd.SuffixDecodingDrafter(corpus=corpus)
+    a.begin(0, np.array([1]))
+    a.observe(0, np.array([10, 11]))
+    a.observe(0, np.array([12]))
+    a.end(0)
+    assert glob.seqs == {0: [5, 6], 1: [10, 11, 12]}
+    b.begin(0, np.array([1]))  # a's answer leaves the tree, b's row gets its own sequence
+    b.observe(0, np.array([20]))
+    assert glob.seqs == {0: [5, 6], 2: [20]}
+    a.begin(1, np.array([2]))  # back to a: its answer returns (fresh id), b's leaves
+    assert glob.seqs == {0: [5, 6], 3: [10, 11, 12]}
+    a.observe(1, np.array([13]))
+    assert glob.seqs[4] == [13]
+    with pytest.raises(ValueError):
+        sd.SuffixDecodingDrafter(FakeStore([5, 99]), corpus=corpus)
 
 
 def test_corpus_documents_cap():

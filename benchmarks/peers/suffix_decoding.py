@@ -12,7 +12,8 @@ ArcticInference's `SuffixDecodingCache` does in vLLM:
 - one global tree holds every earlier response (its own sequence id per request; vLLM keeps it
   after `stop_request`, so do we after `end`), extended token by token too, and here also the
   datastore corpus the other drafters read (`corpus_documents`), so both sides draft from the same
-  text;
+  text (`CorpusTree`: the benchmark shares one per datastore between its decoder settings, each
+  setting seeing only its own earlier responses);
 - each step both trees speculate on the last `max_tree_depth` context tokens; the draft with the
   higher score (sum of its path probabilities) wins, the row's own tree on a tie.
 
@@ -21,6 +22,12 @@ vLLM's defaults (`suffix_decoding_max_tree_depth` 24, `..._max_spec_factor` 1.0,
 speculation on. The suffix tree's depth bounds the matched suffix to 23 tokens, and
 `max_spec_factor` 1.0 bounds the draft by the match length, so a draft has at most 23 nodes at
 either of the decoder's budgets; its depth is cut to the decoder's `max_depth` (16).
+
+Corpus size (measured on this 2-core machine, depth 24): the stdlib store's 3.43M tokens fill the
+tree in 9 s and +0.9 GB RSS (the tree's estimate_memory: 1.0 GB); the ShareGPT store's 21.5M in
+~130 s (niced; 470 s with the 2 cores fully loaded by others) and +5.0 GB RSS (estimate 5.6 GB), ~15 us per speculate call on
+either. Both fit, so the whole corpus goes in by default (the peer drafts from exactly the text our
+retrieval drafter reads); `corpus_tokens` caps it for machines with less memory.
 
 Probabilities -> counts: a draft node's `probs` is its path probability (the product of
 count(child) / count(parent) in the suffix tree). counts = round(prob x SCALE), so the decoder's
@@ -119,46 +126,89 @@ def corpus_documents(datastore, max_tokens: int | None = None) -> Iterator[np.nd
             start = end + 1
 
 
+class CorpusTree:
+    """A global suffix tree pre-filled with a datastore's documents, shared by several drafters
+    (one per decoder setting of a benchmark) so the corpus is held once. Only the active drafter's
+    responses are in it: `activate` swaps the previous owner's responses out (their tokens are
+    kept) and the new owner's back in, so each setting drafts from its own earlier answers only."""
+
+    def __init__(self, datastore=None, corpus_tokens: int | None = None, max_tree_depth: int = 24, native=None):
+        """datastore: a `datastore.store.Datastore` (None = no corpus, as vLLM starts);
+        corpus_tokens caps how many of its tokens go in (None = all)."""
+        self.native = native if native is not None else load_native()
+        self.max_tree_depth = max_tree_depth
+        self.tree = self.native.SuffixTree(max_tree_depth)
+        self.seqs = 0  # sequence ids 0..seqs-1 hold the corpus documents
+        self.tokens = 0
+        self.seconds = 0.0
+        if datastore is not None:
+            t0 = time.perf_counter()
+            for doc in corpus_documents(datastore, corpus_tokens):
+                self.tree.extend_ndarray(self.seqs, doc)
+                self.seqs += 1
+                self.tokens += int(doc.shape[0])
+            self.seconds = time.perf_counter() - t0
+        self.next_seq = self.seqs  # responses get fresh ids from here on
+        self.owner = None
+
+    def new_seq(self) -> int:
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def activate(self, drafter: "SuffixDecodingDrafter") -> None:
+        if self.owner is drafter:
+            return
+        if self.owner is not None:
+            self.owner._detach()
+        self.owner = drafter
+        drafter._attach()
+
+    def memory_bytes(self) -> int:
+        """The tree's own estimate of its memory (walks the whole tree: not for a hot loop)."""
+        return int(self.tree.estimate_memory())
+
+
 class SuffixDecodingDrafter(Drafter):
     """SuffixDecoding's prompt trees + global response tree (pre-filled with a datastore's corpus)."""
 
     name = "suffix_decoding"
 
     def __init__(self, datastore=None, corpus_tokens: int | None = None, settings: SuffixSettings = SuffixSettings(),
-                 native=None):
-        """datastore: a `datastore.store.Datastore` whose documents pre-fill the global tree (None =
-        start empty, as vLLM does); corpus_tokens caps how many of its tokens (None = all)."""
-        self.native = native if native is not None else load_native()
+                 native=None, corpus: CorpusTree | None = None):
+        """datastore/corpus_tokens: see CorpusTree; or `corpus`, a CorpusTree to share (its depth
+        must be settings.max_tree_depth)."""
         self.settings = settings
-        self.global_tree = self.native.SuffixTree(settings.max_tree_depth)
-        self.corpus_seqs = 0
-        self.corpus_tokens = 0
-        self.fill_seconds = 0.0
-        if datastore is not None:
-            t0 = time.perf_counter()
-            for doc in corpus_documents(datastore, corpus_tokens):
-                self.global_tree.extend_ndarray(self.corpus_seqs, doc)
-                self.corpus_seqs += 1
-                self.corpus_tokens += int(doc.shape[0])
-            self.fill_seconds = time.perf_counter() - t0
-        self._next_seq = self.corpus_seqs  # responses get the following sequence ids
-        self._responses: list[int] = []  # sequence ids of responses in the global tree
+        if corpus is None:
+            corpus = CorpusTree(datastore, corpus_tokens, settings.max_tree_depth, native)
+        elif datastore is not None:
+            raise ValueError("give either datastore= or corpus=, not both")
+        if corpus.max_tree_depth != settings.max_tree_depth:
+            raise ValueError(f"corpus tree depth {corpus.max_tree_depth} != max_tree_depth {settings.max_tree_depth}")
+        self.corpus = corpus
+        self.native = corpus.native
+        self._responses: dict[int, list[np.ndarray]] = {}  # seq id in the global tree -> its tokens
         self._local: dict[int, object] = {}  # row -> its prompt tree
         self._seq: dict[int, int] = {}  # row -> its response's sequence id in the global tree
         self.proposed_nodes = 0
         self.proposals = 0
 
+    @property
+    def global_tree(self):
+        return self.corpus.tree
+
     # ------------------------------------------------------------------ Drafter hooks
     def begin(self, row: int, prompt: np.ndarray, references: Sequence[np.ndarray] = ()) -> None:
+        self.corpus.activate(self)
         tree = self.native.SuffixTree(self.settings.max_tree_depth)
         tree.extend_ndarray(0, np.ascontiguousarray(prompt, dtype=np.int32))
         for i, ref in enumerate(references or ()):
             if len(ref):
                 tree.extend_ndarray(1 + i, np.ascontiguousarray(ref, dtype=np.int32))
         self._local[row] = tree
-        self._seq[row] = self._next_seq
-        self._responses.append(self._next_seq)
-        self._next_seq += 1
+        seq = self.corpus.new_seq()
+        self._seq[row] = seq
+        self._responses[seq] = []
 
     def propose(self, row: int, context: np.ndarray, budget: int, max_depth: int) -> DraftTree:
         s = self.settings
@@ -180,23 +230,39 @@ class SuffixDecodingDrafter(Drafter):
             return
         acc = np.ascontiguousarray(accepted, dtype=np.int32)
         self._local[row].extend_ndarray(0, acc)  # the prompt tree's sequence continues with the response
-        self.global_tree.extend_ndarray(self._seq[row], acc)
+        seq = self._seq[row]
+        self.global_tree.extend_ndarray(seq, acc)
+        self._responses[seq].append(acc.copy())
 
     def end(self, row: int) -> None:
         self._local.pop(row, None)  # vLLM's stop_request: the response stays in the global tree
         self._seq.pop(row, None)
 
-    # ------------------------------------------------------------------ benchmark helpers
-    def forget_responses(self) -> None:
-        """Remove every response from the global tree (the corpus stays): a fresh run over the
-        same prompts must not draft from its own earlier answers."""
+    # ------------------------------------------------------------------ shared corpus tree
+    def _detach(self) -> None:
+        """Take this drafter's responses out of the shared tree (their tokens are kept)."""
         for seq in self._responses:
             self.global_tree.remove(seq)
+
+    def _attach(self) -> None:
+        """Put this drafter's responses (back) into the shared tree under fresh sequence ids."""
+        old, self._responses = self._responses, {}
+        renamed = {}
+        for seq, parts in old.items():
+            new = self.corpus.new_seq()
+            renamed[seq] = new
+            self._responses[new] = parts
+            for part in parts:
+                self.global_tree.extend_ndarray(new, part)
+        self._seq = {row: renamed[s] for row, s in self._seq.items()}
+
+    def forget_responses(self) -> None:
+        """Remove this drafter's responses from the global tree (the corpus stays)."""
+        if self.corpus.owner is self:
+            self._detach()
         self._responses.clear()
         self._local.clear()
         self._seq.clear()
-        self._next_seq = self.corpus_seqs
 
     def memory_bytes(self) -> int:
-        """The global tree's own estimate of its memory (walks the tree: not for a hot loop)."""
-        return int(self.global_tree.estimate_memory())
+        return self.corpus.memory_bytes()
