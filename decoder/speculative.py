@@ -242,13 +242,14 @@ class SpeculativeDecoder:
             step = self._plan(active)
             roots = np.asarray([r.buf[r.length - 1] for r in active], dtype=np.int64)  # [B]
             bases = np.asarray([r.length - 1 for r in active], dtype=np.int64)  # [B]
-            ids, pos, mask, ids_host = build_batch(roots, bases, step.slots(), step.sides, valid,
+            ids, pos, mask, ids_host = build_batch(roots, bases, step.slots(), step.sides, torch.from_numpy(valid),
                                                    self.model.dtype, self.model.device, self.pad_id)
             timer.lap("inputs")
             t1 = time.perf_counter()
             old_len = kv.seq_length(cache)
             logits = self.model(input_ids=ids, position_ids=pos, attention_mask=mask,
                                 cache=cache, use_cache=True).logits  # [B, q, V]
+            _sync(self.model.device)  # no extra wait: the reduction's copy waits for it anyway
             timer.lap("forward")
             argmax, top = self._reduce(logits)  # [B, q] int64, [B, q, k] int64 | None
             timer.lap("reduce")
@@ -274,13 +275,13 @@ class SpeculativeDecoder:
         cache = kv.new_cache()
         prompts = [r.context[:-1] for r in rows]
         if max(p.shape[0] for p in prompts) == 0:
-            return cache, torch.zeros(len(rows), 0, dtype=torch.bool, device=self.model.device)
+            return cache, np.zeros((len(rows), 0), dtype=bool)
         ids, pos, mask, valid = prefill_inputs(prompts, self.model.dtype, self.model.device, self.pad_id)
         self.model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True,
                    logits_to_keep=1)
         for r in rows:
             r.stats.prefill_seconds += time.perf_counter() - t0
-        return cache, valid
+        return cache, valid.cpu().numpy()  # [B, S] bool, kept on the host: no device sync to read it
 
     def _propose(self, rows: list[Row], depth: np.ndarray) -> list[list]:
         """-> trees[r][s]: drafter s's tree for row r (one propose_batch call per drafter)."""
@@ -489,8 +490,8 @@ class SpeculativeDecoder:
             if getattr(d, "topk", 0) > 0:
                 d.observe_topk(tokens, topk[:, : d.topk])
 
-    def _compact(self, cache, valid: torch.Tensor, old_len: int, step: _Step, path: np.ndarray,
-                 length: np.ndarray) -> torch.Tensor:
+    def _compact(self, cache, valid: np.ndarray, old_len: int, step: _Step, path: np.ndarray,
+                 length: np.ndarray) -> np.ndarray:
         """Gather each row's kept slots (its last token, then its accepted path) behind its old
         ones: one gather per layer for every row; shorter rows leave masked holes."""
         b = path.shape[0]
@@ -498,9 +499,9 @@ class SpeculativeDecoder:
         idx = np.concatenate((np.zeros((b, 1), dtype=np.int64), slot), axis=1)  # [B, 1 + D]
         new_valid = np.arange(idx.shape[1])[None, :] < (1 + length)[:, None]
         kv.keep_new(cache, old_len, torch.from_numpy(idx))
-        return torch.cat([valid, torch.from_numpy(new_valid).to(valid.device)], dim=1)
+        return np.concatenate([valid, new_valid], axis=1)  # [B, S + 1 + D] bool
 
-    def _drop_finished(self, cache, valid: torch.Tensor, rows: list[Row]):
+    def _drop_finished(self, cache, valid: np.ndarray, rows: list[Row]):
         live = [i for i, r in enumerate(rows) if not r.done]
         for r in rows:
             if r.done:
@@ -509,11 +510,10 @@ class SpeculativeDecoder:
             return cache, valid, rows
         if not live:
             return cache, valid, []
-        sel = torch.tensor(live, dtype=torch.long, device=valid.device)
-        valid = valid.index_select(0, sel)
-        any_valid = valid.any(dim=0)
-        start = int(torch.nonzero(any_valid)[0]) if bool(any_valid.any()) else valid.shape[1]
-        kv.select(cache, sel, start)  # drops the rows and the columns now all holes
+        valid = valid[live]
+        any_valid = valid.any(axis=0)
+        start = int(np.argmax(any_valid)) if any_valid.any() else valid.shape[1]
+        kv.select(cache, torch.tensor(live, dtype=torch.long), start)  # drops the rows and the columns now all holes
         return cache, valid[:, start:], [rows[i] for i in live]
 
     def _finish(self, row: Row, reason: str) -> None:
@@ -544,6 +544,11 @@ class SpeculativeDecoder:
         if isinstance(ref, str):
             return np.asarray(self.tokenizer(ref, add_special_tokens=False)["input_ids"], dtype=np.int64)
         return np.asarray(list(ref), dtype=np.int64).reshape(-1)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _empty(drafter: Drafter):
