@@ -17,7 +17,7 @@ pre-filled with the same datastore; benchmarks/peers/suffix_decoding.py) as the 
 same SpeculativeDecoder. The peer needs `make peers`; without it that column is skipped with a note.
 `default` and `suffix_decoding` also run at the fixed budget `--fixed-budget` (64): tokens/step
 there is the GPU-regime figure. Filling the peer's tree costs ~3 s and ~0.3 GB per million corpus
-tokens (stdlib store 3.4M: 9-17 s, +0.9 GB; ShareGPT store 21.5M: 2-8 min, +5.0 GB on 2 shared
+tokens (stdlib store 3.4M: 6-17 s, +0.9 GB; ShareGPT store 21.5M: 49-470 s, +5.0 GB on 2 shared
 cores), once per run; `--peer-corpus-tokens N` caps it.
 
     python -m benchmarks.bench_drafters [--code 4 --chat 4 --ref-code 2 --ref-chat 2] [--methods ...]

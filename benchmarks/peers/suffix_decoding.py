@@ -24,10 +24,11 @@ speculation on. The suffix tree's depth bounds the matched suffix to 23 tokens, 
 either of the decoder's budgets; its depth is cut to the decoder's `max_depth` (16).
 
 Corpus size (measured on this 2-core machine, depth 24): the stdlib store's 3.43M tokens fill the
-tree in 9 s and +0.9 GB RSS (the tree's estimate_memory: 1.0 GB); the ShareGPT store's 21.5M in
-~130 s (niced; 470 s with the 2 cores fully loaded by others) and +5.0 GB RSS (estimate 5.6 GB), ~15 us per speculate call on
-either. Both fit, so the whole corpus goes in by default (the peer drafts from exactly the text our
-retrieval drafter reads); `corpus_tokens` caps it for machines with less memory.
+tree in 6-17 s (load-dependent) and +0.9 GB RSS (the tree's estimate_memory: 1.0 GB); the ShareGPT
+store's 21.5M in 49-470 s (idle to fully loaded cores) and +5.0 GB RSS (estimate 5.6 GB); a
+speculate call takes ~10-15 us on either. Both fit, so the whole corpus goes in by default (the
+peer drafts from exactly the text our retrieval drafter reads); `corpus_tokens` caps it for
+machines with less memory.
 
 Probabilities -> counts: a draft node's `probs` is its path probability (the product of
 count(child) / count(parent) in the suffix tree). counts = round(prob x SCALE), so the decoder's
