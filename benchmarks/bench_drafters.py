@@ -391,7 +391,8 @@ def markdown(results: dict) -> str:
                 cells.append(f"{x['tokens_per_step']:.2f} | {x['tokens_per_second']:.1f} | {x['speedup']:.2f}x "
                              f"| {x['identical']}/{x['prompts']}")
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    lines += ["", "## Targets (all sources together; issue 5: bfloat16, float32 reported too)", ""]
+    if results["verdicts"]:  # only when `all` ran
+        lines += ["", "## Targets (all sources together; issue 5: bfloat16, float32 reported too)", ""]
     for key, v in results["verdicts"].items():
         parts = [f"{k} {val[0]} vs {val[1]}: {'met' if val[2] else 'NOT met (%.0f%% short)' % (100 * (1 - val[0] / val[1]))}"
                  for k, val in v.items() if k not in ("identical", "limit")]
