@@ -42,6 +42,7 @@ class DecodeBenchSettings:
     datastore: str | None = None
     budget: int | str = "auto"
     fixed_budget: int = 64  # float32 decoded again with this many nodes a step; 0 = not
+    device: str | None = None  # torch device; None = cuda when present, else cpu
     out: Path = bd.RESULTS
 
     def __post_init__(self) -> None:
@@ -62,7 +63,7 @@ def run_dtype(settings: DecodeBenchSettings, dtype: str, store, prompts, ids) ->
     from decoder.speculative import DecoderSettings, SpeculativeDecoder
 
     bd.log(f"{dtype}: loading SmolLM2")
-    model, tok = load_model("smollm2", dtype=dtype)
+    model, tok = load_model("smollm2", dtype=dtype, device=settings.device)
     decoder = SpeculativeDecoder(model, tok, make_drafters(["retrieval"], datastore=store, tokenizer=tok),
                                  DecoderSettings(budget=settings.budget))
     curve = decoder.warmup() if settings.budget == "auto" else None
@@ -288,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fixed-budget", type=int, default=64,
                    help="float32 decoded again with this many draft nodes verified every step (default 64; "
                         "0 = skip): the tokens a step the datastore's drafts hold at REST's budget")
+    p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--out", default=str(bd.RESULTS), help="results folder (default benchmarks/results)")
     p.add_argument("--reanalyse", default=None, metavar="DECODE_JSON",
                    help="only recompute the near-tie analysis of the divergences stored in DECODE_JSON")
@@ -297,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         settings = DecodeBenchSettings(
-            prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+            prompts=args.prompts, max_new_tokens=args.max_new_tokens, device=args.device,
             dtypes=tuple(d for d in args.dtypes.split(",") if d), datastore=args.datastore,
             budget=args.budget if args.budget == "auto" else int(args.budget),
             fixed_budget=args.fixed_budget, out=Path(args.out),

@@ -67,6 +67,7 @@ class DraftersBenchSettings:
     budget: int | str = "auto"
     fixed_budget: int = 64  # 0 = no fixed-budget column
     peer_corpus_tokens: int | None = None  # cap on the datastore tokens SuffixDecoding's global tree holds
+    device: str | None = None  # torch device; None = cuda when present, else cpu
     out: Path = bd.RESULTS
 
     def __post_init__(self) -> None:
@@ -474,7 +475,7 @@ def run(settings: DraftersBenchSettings) -> dict:
                     corpus=corpora.info)
     for dtype in settings.dtypes:
         bd.log(f"{dtype}: loading SmolLM2")
-        model, mtok = load_model("smollm2", dtype=dtype)
+        model, mtok = load_model("smollm2", dtype=dtype, device=settings.device)
         decs = Decoders(model, mtok, stores, settings.budget, corpora)
         warm = decs.get("all", "code")
         bd.hf_generate(model, ids["code" if "code" in ids else next(iter(ids))][0], 8, warm.eos.tolist(), warm.pad_id)
@@ -511,6 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help=f"also run {' and '.join(FIXED_METHODS)} at this fixed budget (default 64; 0 = off)")
     p.add_argument("--peer-corpus-tokens", type=int, default=None,
                    help=f"cap the datastore tokens in {PEER}'s global tree (default: the whole store)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--out", default=str(bd.RESULTS))
     args = p.parse_args(argv)
     try:
@@ -519,7 +521,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_new_tokens=args.max_new_tokens, dtypes=tuple(d for d in args.dtypes.split(",") if d),
             methods=tuple(x for x in args.methods.split(",") if x), code_store=args.code_store,
             chat_store=args.chat_store, budget=args.budget if args.budget == "auto" else int(args.budget),
-            fixed_budget=args.fixed_budget, peer_corpus_tokens=args.peer_corpus_tokens, out=Path(args.out),
+            fixed_budget=args.fixed_budget, peer_corpus_tokens=args.peer_corpus_tokens, device=args.device,
+            out=Path(args.out),
         )
     except ValueError as exc:
         print(f"bench_drafters: error: {exc}", file=sys.stderr)

@@ -72,7 +72,7 @@ PROMPTS=${GPU_CHECK_PROMPTS:-5}
 DRAFTERS_DTYPE=${GPU_CHECK_DRAFTERS_DTYPE:-float32}
 
 case $DEVICE in
-    cpu) export CUDA_VISIBLE_DEVICES="" ;;  # bench_decode/bench_drafters take cuda whenever present
+    cpu) export CUDA_VISIBLE_DEVICES="" ;;  # and every benchmark gets --device cpu
     cuda | cuda:*) ;;
     *) echo "gpu_check: GPU_CHECK_DEVICE must be cuda, cuda:N or cpu, got '$DEVICE'" >&2; exit 2 ;;
 esac
@@ -196,7 +196,7 @@ step_exactness() {
     # quick: a fixed budget (no cost-model warm-up, which times SmolLM2 up to q=128 on the CPU)
     [[ $QUICK == 1 ]] && args=(--prompts 1 --max-new-tokens 8 --dtypes float32,bfloat16 --budget 4
                                --fixed-budget 8)
-    "$PY" -m benchmarks.bench_decode "${args[@]}" --datastore "$CODE_STORE" --out "$OUT/decode"
+    "$PY" -m benchmarks.bench_decode "${args[@]}" --device "$DEVICE" --datastore "$CODE_STORE" --out "$OUT/decode"
     "$PY" - <<'EOF'
 import json, os, sys
 
@@ -284,11 +284,10 @@ step_drafters() {
         log "SuffixDecoding's tree (arctic_suffix_tree) is not built here (make peers): ours only"
     fi
     local args=(--code 2 --chat 2 --ref-code 1 --ref-chat 1 --max-new-tokens 128 --budget auto --fixed-budget 64)
-    # quick: one prompt a workload (--ref-chat 0 would take every revision turn: workloads.py's
-    # sharegpt_revisions stops at len(out) == n, never true for n = 0)
+    # quick: one prompt a workload
     [[ $QUICK == 1 ]] && args=(--code 1 --chat 1 --ref-code 0 --ref-chat 1 --max-new-tokens 8 --budget 4
                                --fixed-budget 8)
-    "$PY" -m benchmarks.bench_drafters "${args[@]}" --dtypes "$DRAFTERS_DTYPE" --methods "$methods" \
+    "$PY" -m benchmarks.bench_drafters "${args[@]}" --device "$DEVICE" --dtypes "$DRAFTERS_DTYPE" --methods "$methods" \
         --code-store "$CODE_STORE" --chat-store "$CHAT_STORE" --out "$OUT/drafters"
 }
 

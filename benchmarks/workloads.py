@@ -160,7 +160,9 @@ def write_sharegpt_corpus(out: str | os.PathLike, records: Sequence[dict] | None
 def chat(n: int, max_chars: int = 1500, records: Sequence[dict] | None = None) -> list[Prompt]:
     """`n` held-out first-turn user prompts (records `<id>_0`), in file order, to wrap in the chat
     template. Very long prompts are skipped: prefill would dominate and they are rare in chat."""
-    out = []
+    out: list[Prompt] = []
+    if n <= 0:
+        return out
     for record in records if records is not None else sharegpt_records():
         rid = str(record.get("id", ""))
         if not rid.endswith("_0") or not is_heldout(rid):
@@ -181,7 +183,9 @@ def sharegpt_revisions(
 ) -> list[Prompt]:
     """`n` held-out second turns that ask to rework the first answer. The prompt is the chat
     transcript (user, assistant, user) rendered with the template; the reference is the answer."""
-    out = []
+    out: list[Prompt] = []
+    if n <= 0:
+        return out
     for record in records if records is not None else sharegpt_records():
         rid = str(record.get("id", ""))
         if not rid.endswith("_0") or not is_heldout(rid):
