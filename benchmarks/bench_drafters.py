@@ -298,11 +298,16 @@ def peer_comparison(results: dict) -> list[dict]:
                 fx = methods.get(f"{m}@{fixed}")
                 if fx:
                     row[side]["fixed"] = {k: fx["summary"].get(k) for k in
-                                          ("tokens_per_step", "mean_tree_budget", "speedup", "identical")}
+                                          ("tokens_per_step", "tokens_per_second", "mean_tree_budget", "speedup",
+                                           "identical")}
+            # The peer at its faster setting: its drafts cut by our cost model (budget auto) or its
+            # whole tree verified (the fixed budget exceeds it, as vLLM verifies it).
+            peer_fixed = (row["peer"].get("fixed") or {}).get("tokens_per_second") or 0.0
+            row["peer_best"] = "fixed" if peer_fixed > row["peer"]["tokens_per_second"] else "auto"
             ratio = lambda a, b: a / b if b else float("nan")  # noqa: E731
             row["ratios"] = {"tokens_per_step": ratio(row["ours"]["tokens_per_step"], row["peer"]["tokens_per_step"]),
                              "tokens_per_second": ratio(row["ours"]["tokens_per_second"],
-                                                        row["peer"]["tokens_per_second"])}
+                                                        max(row["peer"]["tokens_per_second"], peer_fixed))}
             if "fixed" in row["ours"] and "fixed" in row["peer"]:
                 row["ratios"]["tokens_per_step_fixed"] = ratio(row["ours"]["fixed"]["tokens_per_step"],
                                                                row["peer"]["fixed"]["tokens_per_step"])
@@ -354,8 +359,9 @@ def peer_markdown(results: dict) -> list[str]:
         f"ours/peer {k} {v[0]} vs {v[1]}: {'met' if v[2] else 'NOT met'}" for k, v in row["targets"].items())
         for row in peer_comparison(results)]
     if verdicts:
-        lines += ["", "Targets (issue 10): ours at least SuffixDecoding's tok/s on every workload; "
-                  f"at the fixed budget >= 1.5x its tokens/step.", "", *verdicts]
+        lines += ["", "Targets (issue 10): ours (budget auto) at least SuffixDecoding's tok/s on every workload, "
+                  "the peer taken at its faster setting (budget auto, or its whole tree verified at the fixed "
+                  f"budget); at the fixed budget >= 1.5x its tokens/step.", "", *verdicts]
     return lines
 
 
