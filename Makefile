@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # torch is pinned here (a CPU wheel on local disk); pyproject keeps a range for real users.
-$(STAMP): pyproject.toml setup.py datastore/_kernel.c Makefile
+$(STAMP): pyproject.toml setup.py datastore/_kernel.c decoder/_step.c Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0

@@ -11,7 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from decoder import _step
 from decoder.drafters.base import SideBranch
+
+
+def _i64(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -88,26 +93,17 @@ def build_batch(
     -> build_inputs' three tensors, then the input ids on the host ([B, q] int64 numpy)."""
     b = roots.shape[0]
     assert valid.dim() == 2 and valid.shape[0] == b, f"valid must be [{b}, S], got {tuple(valid.shape)}"
-    n = np.diff(tree.starts)  # [B]
     m = np.asarray([0 if s is None else int(s.tokens.shape[0]) for s in sides], dtype=np.int64)  # [B]
-    q = int((1 + n + m).max())
-    slot = 1 + np.arange(tree.tokens.shape[0]) - tree.starts[tree.row]  # [k] 1 + local index
-    ids = np.full((b, q), pad_id, dtype=np.int64)
-    ids[:, 0] = roots
-    ids[tree.row, slot] = tree.tokens
-    pos = np.repeat(bases[:, None], q, axis=1)  # [B, q]; padding sits at the root's position
-    pos[tree.row, slot] = bases[tree.row] + tree.depths
-    real = np.arange(q)[None, :] < (1 + n + m)[:, None]  # [B, q] non-padding slots
-    block = np.zeros((b, q, q), dtype=bool)
-    block[:, np.arange(q), np.arange(q)] = True  # each slot attends itself (padding: itself and the prefix)
-    block[:, :, 0] |= real  # everything real sees the last committed token
-    up = tree.parents.copy()
-    while True:  # each node attends its ancestors: one pass per depth, over every row at once
-        live = np.flatnonzero(up >= 0)
-        if not live.shape[0]:
-            break
-        block[tree.row[live], slot[live], slot[up[live]]] = True
-        up[live] = tree.parents[up[live]]
+    starts = _i64(tree.starts)
+    q = _step.width(starts, m)
+    ids = np.empty((b, q), dtype=np.int64)
+    pos = np.empty((b, q), dtype=np.int64)  # padding sits at the root's position
+    block = np.empty((b, q, q), dtype=bool)
+    # one C call: ids and positions of the root and tree slots; each slot attends itself (padding:
+    # itself and the prefix), everything real the last committed token, each node its ancestors
+    _step.inputs(_i64(tree.tokens), _i64(tree.parents), _i64(tree.depths), starts, _i64(roots), _i64(bases),
+                 m, int(pad_id), ids, pos, block)
+    n = np.diff(starts) if m.any() else None
     for i in np.flatnonzero(m):  # side branches (lookahead): per riding row
         side, lo = sides[i], 1 + int(n[i])
         hi = lo + int(m[i])
@@ -120,8 +116,9 @@ def build_batch(
     lowest = torch.finfo(dtype).min
     s = valid.shape[1]
     mask = torch.empty((b, 1, q, s + q), dtype=dtype, device=device)
-    mask[:, 0, :, :s] = torch.where(valid.to(device), 0.0, lowest).to(dtype)[:, None, :]
-    mask[:, 0, :, s:] = additive(torch.from_numpy(block).to(device), dtype)[:, 0]
+    # float32 0 / dtype-min converts exactly into `dtype` (its min is a float32 value)
+    mask[:, 0, :, :s] = torch.where(valid.to(device), 0.0, lowest)[:, None, :]
+    mask[:, 0, :, s:] = torch.where(torch.from_numpy(block).to(device), 0.0, lowest)
     return torch.from_numpy(ids).to(device), torch.from_numpy(pos).to(device), mask, ids
 
 

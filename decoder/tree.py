@@ -1,5 +1,6 @@
 """Merge the drafters' DraftTrees into one trie per row and keep the most probable nodes, for
-all rows of a batch at once (flat arrays with a row id per node; no Python loop over rows).
+all rows of a batch at once (flat arrays with a row id per node; no Python loop over rows; the
+loops run in the C kernel decoder/_step.c, one call per operation for the whole batch).
 
 Every node gets a probability estimate: within a source, count / (parent count) (siblings
 normalised so they never sum above 1), scaled per source and depth by `Calibration` (observed
@@ -16,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from datastore.tree import DraftTree
+from decoder import _step
 
 MAX_SOURCES = 62  # source bitmasks live in int64
 EVIDENCE_BINS = 8  # evidence of an estimate: bin floor(log2(parent count)), 0..7 (>= 128 shares 7)
@@ -55,6 +57,10 @@ class MergedTree:
         f = np.zeros(0, dtype=np.float64)
         return cls(z, z, z, z, np.zeros((0, n_sources)), np.zeros((0, n_sources), dtype=np.int64), f, f,
                    np.zeros(rows + 1, dtype=np.int64))
+
+
+def _i64(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 def _denominators(counts: np.ndarray, parents: np.ndarray, root_slot: np.ndarray) -> np.ndarray:
@@ -131,78 +137,48 @@ def merge_rows(
     factors: [S, D, E] calibration multipliers per source, depth (column d-1 for depth d; depths
     beyond D use the last column) and evidence bin; None = 1. max_depths: [B] int64, deeper nodes
     are dropped. smoothing: see raw_probabilities.
+
+    One call of the C kernel (decoder/_step.c) for every row: equal paths are united level by
+    level (a level ordered by (merged parent, token)), then sources, raw_p and bins are the maxima
+    over the merged inputs, cond_p is `combine` and path_p `path_products`, bit for bit.
     """
     n_rows = len(trees)
     n_src = n_sources if n_sources is not None else max((len(t) for t in trees), default=0)
     assert n_src <= MAX_SOURCES, f"at most {MAX_SOURCES} drafters"
     assert max_depths.shape == (n_rows,), f"max_depths must be [{n_rows}], got {max_depths.shape}"
-    parts = [(r, s, t) for r, ts in enumerate(trees) for s, t in enumerate(ts) if len(t)]
-    if not parts:
+    toks, pars, cnts, meta = [], [], [], []  # the non-empty trees, row by row, and (size, row, source)
+    for r, ts in enumerate(trees):
+        for s, t in enumerate(ts):
+            size = t.tokens.shape[0]
+            if size:
+                toks.append(t.tokens)
+                pars.append(t.parents)
+                cnts.append(t.counts)
+                meta += (size, r, s)
+    if not toks:
         return MergedTree.empty(max(n_src, 1), n_rows)
-    sizes = np.fromiter((len(t) for _, _, t in parts), dtype=np.int64, count=len(parts))
-    offsets = np.cumsum(sizes) - sizes  # [P]
-    tree_id = np.repeat(np.arange(len(parts), dtype=np.int64), sizes)  # [N]
-    n = int(sizes.sum())
-    tok = np.concatenate([t.tokens for _, _, t in parts]).astype(np.int64)  # [N]
-    local = np.concatenate([t.parents for _, _, t in parts]).astype(np.int64)  # [N]
-    par = np.where(local >= 0, local + offsets[tree_id], -1)  # [N] global parent, -1 = root
-    meta = np.asarray([(r, s) for r, s, _ in parts], dtype=np.int64)  # [P, 2]
-    row, src = meta[tree_id, 0], meta[tree_id, 1]  # [N], [N]
-    counts = np.maximum(np.concatenate([t.counts for _, _, t in parts]), 0).astype(np.float64)  # [N]
-    denom = _denominators(counts, par, n + tree_id)  # [N]
-    raw = _probabilities(counts, denom, smoothing)  # [N]
-    ev = _bins(denom)  # [N]
-    depth = depths_of(par)  # [N]
-    merged_id, m_tok, m_par, m_depth, m_row = _merge_levels(tok, par, depth, row, max_depths)
-    # rows contiguous: the levels came out level-major (row-sorted within a level)
-    order = np.argsort(m_row, kind="stable")
-    new_id = np.empty_like(order)
-    new_id[order] = np.arange(order.shape[0])
-    tokens, rows_sorted, depths = m_tok[order], m_row[order], m_depth[order]
-    parents = np.where(m_par[order] >= 0, new_id[np.maximum(m_par[order], 0)], -1)
-    keep = merged_id >= 0
-    mid = new_id[merged_id[keep]]
-    n_merged = tokens.shape[0]
-    sources = np.zeros(n_merged, dtype=np.int64)
-    np.bitwise_or.at(sources, mid, np.left_shift(1, src[keep]))
-    raw_p = np.zeros((n_merged, max(n_src, 1)), dtype=np.float64)
-    np.maximum.at(raw_p, (mid, src[keep]), raw[keep])
-    bins = np.zeros(raw_p.shape, dtype=np.int64)  # [n, S]
-    np.maximum.at(bins, (mid, src[keep]), ev[keep])
-    cond_p = combine(raw_p, depths, factors, bins)
-    starts = np.searchsorted(rows_sorted, np.arange(n_rows + 1)).astype(np.int64)
-    return MergedTree(tokens, parents, depths, sources, raw_p, bins, cond_p,
-                      path_products(cond_p, parents, depths), starts)
-
-
-def _merge_levels(tok, par, depth, row, max_depths):
-    """Unite equal paths level by level (vectorised over rows and sources).
-    -> (merged id per input node, -1 = too deep; merged tokens, parents, depths, rows)."""
-    merged_id = np.full(tok.shape[0], -1, dtype=np.int64)
-    fits = depth <= max_depths[row]
-    top = int(depth[fits].max()) if fits.any() else 0
-    vocab = int(tok.max()) + 1
-    span = tok.shape[0] + 1
-    out_tok, out_par, out_depth, out_row = [], [], [], []
-    n_merged = 0
-    for d in range(1, top + 1):  # <= max_depth iterations, each over every row
-        level = np.flatnonzero((depth == d) & fits)
-        if not level.shape[0]:
-            break
-        mpar = np.where(par[level] >= 0, merged_id[np.maximum(par[level], 0)], -1)
-        key = (row[level] * span + (mpar + 1)) * vocab + tok[level]  # (row, parent, token)
-        uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        merged_id[level] = n_merged + inv
-        out_tok.append(tok[level][first])
-        out_par.append(mpar[first])
-        out_depth.append(np.full(uniq.shape[0], d, dtype=np.int64))
-        out_row.append(row[level][first])
-        n_merged += uniq.shape[0]
-    if not out_tok:
-        z = np.zeros(0, dtype=np.int64)
-        return merged_id, z, z, z, z
-    return (merged_id, np.concatenate(out_tok), np.concatenate(out_par), np.concatenate(out_depth),
-            np.concatenate(out_row))
+    width = max(n_src, 1)
+    if len(toks) == 1:
+        tok, local, counts = toks[0], pars[0], cnts[0]
+    else:
+        tok = np.concatenate(toks)  # [N] int32
+        local = np.concatenate(pars)  # [N] int32, per-tree parents
+        counts = np.concatenate(cnts)  # [N] int64
+    fac = None
+    if factors is not None:
+        assert factors.ndim == 3 and factors.shape[0] >= width, \
+            f"factors must be [>= {width}, D, E], got {factors.shape}"
+        fac = (np.ascontiguousarray(factors, dtype=np.float64), factors.shape[1], factors.shape[2])
+    n = tok.shape[0]
+    ints = np.empty((4, n), dtype=np.int64)  # tokens, parents, depths, sources
+    raw_p = np.zeros((n, width), dtype=np.float64)
+    bins = np.zeros((n, width), dtype=np.int64)
+    floats = np.empty((2, n), dtype=np.float64)  # cond_p, path_p
+    starts = np.empty(n_rows + 1, dtype=np.int64)
+    m = _step.merge(tok, local, counts, np.array(meta, dtype=np.int64), np.ascontiguousarray(max_depths, dtype=np.int64),
+                    float(smoothing), fac, width, ints, raw_p, bins, floats, starts)
+    return MergedTree(ints[0, :m], ints[1, :m], ints[2, :m], ints[3, :m], raw_p[:m], bins[:m],
+                      floats[0, :m], floats[1, :m], starts)
 
 
 def combine(raw_p: np.ndarray, depths: np.ndarray, factors: np.ndarray | None,
@@ -221,19 +197,17 @@ def combine(raw_p: np.ndarray, depths: np.ndarray, factors: np.ndarray | None,
 
 def path_products(cond_p: np.ndarray, parents: np.ndarray, depths: np.ndarray) -> np.ndarray:
     """[n] product of cond_p from the root to each node (parents precede children per level)."""
-    path = cond_p.copy()
-    if not path.shape[0]:
-        return path
-    for d in range(2, int(depths.max()) + 1):
-        level = np.flatnonzero(depths == d)
-        path[level] *= path[parents[level]]
-    return path
+    out = np.empty(cond_p.shape[0], dtype=np.float64)
+    _step.path_products(np.ascontiguousarray(cond_p, dtype=np.float64), _i64(parents), out)
+    return out
 
 
 def ranked(tree: MergedTree) -> np.ndarray:
     """[n] node indices, row by row, each row's nodes by descending path probability (ties: the
     smaller index first)."""
-    return np.lexsort((np.arange(len(tree)), -tree.path_p, tree.row))
+    out = np.empty(len(tree), dtype=np.int64)
+    _step.ranked(np.ascontiguousarray(tree.path_p, dtype=np.float64), _i64(tree.starts), out)
+    return out
 
 
 def select_rows(tree: MergedTree, n: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
@@ -243,16 +217,10 @@ def select_rows(tree: MergedTree, n: np.ndarray, order: np.ndarray | None = None
     assert n.shape == (tree.rows,), f"n must be [{tree.rows}], got {n.shape}"
     if not len(tree):
         return np.zeros(0, dtype=np.int64)
-    order = ranked(tree) if order is None else order
-    row = tree.row
-    rank = np.empty(len(tree), dtype=np.int64)
-    rank[order] = np.arange(len(tree)) - tree.starts[row[order]]
-    keep = np.flatnonzero(rank < n[row])
-    kept = np.zeros(len(tree), dtype=bool)
-    kept[keep] = True
-    par = tree.parents[keep]
-    assert np.all(kept[par[par >= 0]]), "top-T selection is not ancestor-closed"
-    return keep
+    keep = np.empty(len(tree), dtype=np.int64)
+    k = _step.select(np.ascontiguousarray(tree.path_p, dtype=np.float64), _i64(tree.parents),
+                     _i64(tree.starts), _i64(n), None if order is None else _i64(order), keep)
+    return keep[:k]
 
 
 def select_top(tree: MergedTree, n: int) -> np.ndarray:
@@ -274,14 +242,12 @@ class Kept:
 
 
 def kept_nodes(tree: MergedTree, keep: np.ndarray) -> Kept:
-    new = np.full(len(tree), -1, dtype=np.int64)
-    new[keep] = np.arange(keep.shape[0])
-    par = tree.parents[keep]
-    parents = np.where(par >= 0, new[np.maximum(par, 0)], -1)
-    row = tree.row[keep]
-    starts = np.searchsorted(row, np.arange(tree.rows + 1)).astype(np.int64)
-    local = np.arange(keep.shape[0]) - starts[row]
-    return Kept(tree.tokens[keep], parents, local, tree.depths[keep], row, starts, keep)
+    """keep: ascending merged-tree indices (select_rows) -> those nodes re-indexed."""
+    keep = _i64(keep)
+    out = np.empty((5, keep.shape[0]), dtype=np.int64)  # tokens, parents, local, depths, row
+    starts = np.empty(tree.rows + 1, dtype=np.int64)
+    _step.kept(_i64(tree.tokens), _i64(tree.parents), _i64(tree.depths), _i64(tree.starts), keep, out, starts)
+    return Kept(out[0], out[1], out[2], out[3], out[4], starts, keep)
 
 
 def subtree(tree: MergedTree, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from decoder import _step
 from decoder.attention import TreeSlots
 
 
@@ -33,34 +34,20 @@ def greedy_accept_rows(tree: TreeSlots, argmax: np.ndarray) -> tuple[np.ndarray,
     root, the first such node in level order on ties.
     """
     b = argmax.shape[0]
-    k = tree.tokens.shape[0]
     assert tree.starts.shape == (b + 1,), "greedy_accept_rows: starts must be [B + 1]"
-    slot = 1 + np.arange(k) - tree.starts[tree.row]  # [k]
-    parent_slot = np.where(tree.parents >= 0, slot[np.maximum(tree.parents, 0)], 0)
-    ok = tree.tokens == argmax[tree.row, parent_slot]  # [k] right given its parent
-    top = int(tree.depths.max()) if k else 0
-    for d in range(2, top + 1):  # chain: right all the way from the root
-        level = np.flatnonzero(tree.depths == d)
-        ok[level] &= ok[tree.parents[level]]
-    score = np.where(ok, tree.depths, 0)  # [k]
-    order = np.lexsort((np.arange(k), -score, tree.row))  # per row: deepest agreeing node first
-    has = np.diff(tree.starts) > 0
-    best = np.full(b, -1, dtype=np.int64)
-    best[has] = order[tree.starts[:-1][has]]
-    best[has] = np.where(score[best[has]] > 0, best[has], -1)
-    length = np.where(best >= 0, tree.depths[np.maximum(best, 0)], 0) if k else np.zeros(b, dtype=np.int64)
-    width = int(length.max()) if b else 0
-    path = np.full((b, width), -1, dtype=np.int64)
-    node = best.copy()
-    for j in range(width):  # walk up: column length - 1 - j holds the j-th node from the leaf
-        live = np.flatnonzero(node >= 0)
-        path[live, length[live] - 1 - j] = node[live]
-        node[live] = tree.parents[node[live]]
-    tokens = np.zeros((b, width + 1), dtype=np.int64)
-    tokens[:, :width] = np.where(path >= 0, tree.tokens[np.maximum(path, 0)] if k else 0, 0)
-    last_slot = np.where(best >= 0, slot[np.maximum(best, 0)] if k else 0, 0)
-    tokens[np.arange(b), length] = argmax[np.arange(b), last_slot]
-    return path, length.astype(np.int64), tokens
+    tokens, parents, starts = _i64(tree.tokens), _i64(tree.parents), _i64(tree.starts)
+    argmax = _i64(argmax).reshape(b, -1)
+    best = np.empty(b, dtype=np.int64)
+    length = np.empty(b, dtype=np.int64)
+    width = _step.accept(tokens, parents, _i64(tree.depths), starts, argmax, best, length)  # C: one pass
+    path = np.empty((b, width), dtype=np.int64)
+    out = np.empty((b, width + 1), dtype=np.int64)
+    _step.accept_fill(tokens, parents, starts, argmax, best, length, path, out)
+    return path, length, out
+
+
+def _i64(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 def warp(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:

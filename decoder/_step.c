@@ -1,0 +1,744 @@
+/* The decoder step's loop-heavy host work (DESIGN.md "Decoder"): trie merge, top-T selection,
+ * the ancestor block of the attention mask and greedy acceptance, for every row of a batch in one
+ * call each. decoder/tree.py, decoder/attention.py and decoder/verify.py wrap it; the numpy
+ * versions it replaced (one vectorised pass per depth level, ~1-3 us of call overhead each) are
+ * the references of tests/test_decoder_step_kernel.py, which checks exact equality.
+ *
+ * Plain C API, no numpy headers: arrays come in as C-contiguous buffers (int64 'q'/'l', int32 'i',
+ * float64 'd', bool '?'); outputs are preallocated by the caller and filled in place. The GIL is
+ * released for the work. Every float result is computed with the same IEEE operations, in the
+ * same order, as the numpy reference, so results are bit-identical.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EVIDENCE_BINS 8
+#define MAX_VIEWS 16
+
+/* ------------------------------------------------------------------------------------ buffers */
+
+typedef struct {
+    Py_buffer v[MAX_VIEWS];
+    int n;
+} Views;
+
+static void views_release(Views *vs) {
+    for (int i = 0; i < vs->n; i++) PyBuffer_Release(&vs->v[i]);
+    vs->n = 0;
+}
+
+/* A C-contiguous buffer of `kind` ('q' int64, 'i' int32, 'd' float64, '?' bool): its data and
+ * item count, or NULL with an exception set. */
+static void *view(Views *vs, PyObject *o, char kind, int writable, int64_t *len, const char *name) {
+    if (vs->n >= MAX_VIEWS) {
+        PyErr_SetString(PyExc_RuntimeError, "_step: too many buffers");
+        return NULL;
+    }
+    Py_buffer *b = &vs->v[vs->n];
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(o, b, flags) < 0) return NULL;
+    vs->n++;
+    const char *f = b->format ? b->format : "B";
+    while (*f == '<' || *f == '=' || *f == '@') f++;
+    int ok = f[0] != 0 && f[1] == 0;
+    if (ok) {
+        switch (kind) {
+        case 'q': ok = (f[0] == 'q' || f[0] == 'l') && b->itemsize == 8; break;
+        case 'i': ok = (f[0] == 'i' || f[0] == 'l') && b->itemsize == 4; break;
+        case 'd': ok = f[0] == 'd' && b->itemsize == 8; break;
+        default: ok = f[0] == '?' && b->itemsize == 1; break;
+        }
+    }
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "_step: %s must be a contiguous %s array, got format %s", name,
+                     kind == 'q' ? "int64" : kind == 'i' ? "int32" : kind == 'd' ? "float64" : "bool",
+                     b->format ? b->format : "B");
+        return NULL;
+    }
+    if (len) *len = (int64_t)(b->len / b->itemsize);
+    return b->buf;
+}
+
+static PyObject *fail(Views *vs) {
+    views_release(vs);
+    return NULL;
+}
+
+/* Errors found with the GIL released. */
+enum { OK = 0, E_NOMEM, E_PARENT, E_ROWS, E_SOURCE, E_SHAPE, E_KEEP, E_CLOSED, E_SLOT };
+
+static PyObject *raise(Views *vs, int err) {
+    views_release(vs);
+    switch (err) {
+    case E_NOMEM: return PyErr_NoMemory();
+    case E_PARENT: PyErr_SetString(PyExc_ValueError, "_step: a parent must be -1 or an earlier node of its row"); break;
+    case E_ROWS: PyErr_SetString(PyExc_ValueError, "_step: trees must come row by row (rows non-decreasing, < B)"); break;
+    case E_SOURCE: PyErr_SetString(PyExc_IndexError, "_step: a source index is out of range"); break;
+    case E_SHAPE: PyErr_SetString(PyExc_ValueError, "_step: array shapes disagree"); break;
+    case E_KEEP: PyErr_SetString(PyExc_ValueError, "_step: kept indices must be ascending and in range"); break;
+    case E_CLOSED: PyErr_SetString(PyExc_AssertionError, "top-T selection is not ancestor-closed"); break;
+    default: PyErr_SetString(PyExc_IndexError, "_step: a slot is out of range"); break;
+    }
+    return NULL;
+}
+
+/* numpy's maximum: NaN propagates from either side. */
+static inline double np_max(double a, double b) { return (a >= b || a != a) ? a : b; }
+/* numpy's clip(p, 0, 1): NaN stays NaN. */
+static inline double clip01(double p) { return p < 0.0 ? 0.0 : (p > 1.0 ? 1.0 : p); }
+
+/* ---------------------------------------------------------------------------------------- merge */
+
+typedef struct {
+    int64_t par, tok, i;
+} Key;
+
+static int key_cmp(const void *a, const void *b) {
+    const Key *x = a, *y = b;
+    if (x->par != y->par) return x->par < y->par ? -1 : 1;
+    if (x->tok != y->tok) return x->tok < y->tok ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+static void sort_keys(Key *k, int64_t n) {
+    if (n > 24) {
+        qsort(k, (size_t)n, sizeof(Key), key_cmp);
+        return;
+    }
+    for (int64_t i = 1; i < n; i++) {
+        Key x = k[i];
+        int64_t j = i;
+        while (j > 0 && key_cmp(&k[j - 1], &x) > 0) k[j] = k[j - 1], j--;
+        k[j] = x;
+    }
+}
+
+typedef struct {
+    /* inputs */
+    const int32_t *tok, *lpar;
+    const int64_t *counts, *meta, *max_depths;
+    const double *factors;
+    int64_t n, p, b, s, fd, fe, fs;
+    double smoothing;
+    /* outputs: [4, n] tokens, parents, depths, sources; [n, s] raw_p, bins; [2, n] cond, path */
+    int64_t *oi, *bins, *starts;
+    double *raw_p, *of;
+} Merge;
+
+static int merge_run(Merge *g, int64_t *n_out) {
+    int64_t n = g->n, P = g->p, S = g->s;
+    int64_t *scratch = malloc(sizeof(int64_t) * (size_t)(5 * n + 1));
+    double *dbl = malloc(sizeof(double) * (size_t)(4 * n + P + 1));
+    Key *keys = malloc(sizeof(Key) * (size_t)(n + 1));
+    if (!scratch || !dbl || !keys) {
+        free(scratch), free(dbl), free(keys);
+        return E_NOMEM;
+    }
+    int64_t *gpar = scratch, *depth = scratch + n, *mid = scratch + 2 * n, *tree = scratch + 3 * n,
+            *lvl = scratch + 4 * n;
+    double *cnt = dbl, *raw = dbl + n, *denom = dbl + 2 * n, *sib = dbl + 3 * n; /* sib: [n + P] */
+    int err = OK;
+    /* global parents, depths, per-node tree, counts */
+    int64_t off = 0;
+    for (int64_t t = 0; t < P; t++) {
+        int64_t size = g->meta[3 * t], r = g->meta[3 * t + 1], src = g->meta[3 * t + 2];
+        if (size < 0 || off + size > n) { err = E_SHAPE; goto done; }
+        if (r < 0 || r >= g->b || (t && r < g->meta[3 * (t - 1) + 1])) { err = E_ROWS; goto done; }
+        if (src < 0 || src >= S) { err = E_SOURCE; goto done; }
+        for (int64_t i = off; i < off + size; i++) {
+            int64_t lp = g->lpar[i];
+            if (lp < -1 || lp >= i - off) { err = E_PARENT; goto done; }
+            gpar[i] = lp >= 0 ? lp + off : -1;
+            depth[i] = lp >= 0 ? depth[gpar[i]] + 1 : 1;
+            tree[i] = t;
+            cnt[i] = g->counts[i] > 0 ? (double)g->counts[i] : 0.0;
+        }
+        off += size;
+    }
+    if (off != n) { err = E_SHAPE; goto done; }
+    /* denominators: max(parent count, sum of sibling counts), summed in index order (bincount) */
+    for (int64_t i = 0; i < n + P; i++) sib[i] = 0.0;
+    for (int64_t i = 0; i < n; i++) sib[gpar[i] >= 0 ? gpar[i] : n + tree[i]] += cnt[i];
+    for (int64_t i = 0; i < n; i++) {
+        double pc = gpar[i] >= 0 ? cnt[gpar[i]] : 0.0;
+        double ss = sib[gpar[i] >= 0 ? gpar[i] : n + tree[i]];
+        double d = np_max(pc, ss);
+        denom[i] = d;
+        raw[i] = clip01(d > 0 ? cnt[i] / (d + g->smoothing) : 0.0);
+        mid[i] = -1;
+    }
+    /* per row: unite equal paths level by level; a level ordered by (merged parent, token) */
+    int64_t m = 0, t0 = 0, row_lo = 0;
+    for (int64_t r = 0; r < g->b; r++) {
+        g->starts[r] = m;
+        int64_t t1 = t0;
+        while (t1 < P && g->meta[3 * t1 + 1] == r) t1++;
+        int64_t lo = row_lo, hi = lo;
+        for (int64_t t = t0; t < t1; t++) hi += g->meta[3 * t];
+        t0 = t1, row_lo = hi;
+        int64_t md = g->max_depths[r], top = 0;
+        for (int64_t i = lo; i < hi; i++)
+            if (depth[i] <= md && depth[i] > top) top = depth[i];
+        if (!top) continue;
+        /* stable bucket by depth: lvl holds the row's fitting nodes depth by depth, input order */
+        int64_t *dstart = malloc(sizeof(int64_t) * (size_t)(top + 2));
+        if (!dstart) { err = E_NOMEM; goto done; }
+        for (int64_t d = 0; d <= top + 1; d++) dstart[d] = 0;
+        for (int64_t i = lo; i < hi; i++)
+            if (depth[i] <= md) dstart[depth[i] + 1]++;
+        for (int64_t d = 1; d <= top + 1; d++) dstart[d] += dstart[d - 1];
+        for (int64_t i = lo; i < hi; i++)
+            if (depth[i] <= md) lvl[lo + dstart[depth[i]]++] = i;
+        /* dstart[d] is now the end of level d (= start of level d + 1) */
+        int64_t begin = 0;
+        for (int64_t d = 1; d <= top; d++) {
+            int64_t end = dstart[d], k = 0;
+            if (end == begin) break;
+            for (int64_t j = begin; j < end; j++) {
+                int64_t i = lvl[lo + j];
+                keys[k].par = gpar[i] >= 0 ? mid[gpar[i]] : -1;
+                keys[k].tok = g->tok[i];
+                keys[k].i = i;
+                k++;
+            }
+            sort_keys(keys, k);
+            for (int64_t j = 0; j < k; j++) {
+                if (!j || keys[j].par != keys[j - 1].par || keys[j].tok != keys[j - 1].tok) {
+                    g->oi[m] = keys[j].tok;
+                    g->oi[n + m] = keys[j].par;
+                    g->oi[2 * n + m] = d;
+                    g->oi[3 * n + m] = 0;
+                    m++;
+                }
+                mid[keys[j].i] = m - 1;
+            }
+            begin = end;
+        }
+        free(dstart);
+    }
+    g->starts[g->b] = m;
+    /* sources, raw_p and evidence bins: maxima over the merged inputs */
+    for (int64_t i = 0; i < n; i++) {
+        int64_t j = mid[i];
+        if (j < 0) continue;
+        int64_t src = g->meta[3 * tree[i] + 2];
+        g->oi[3 * n + j] |= (int64_t)1 << src;
+        double *rp = &g->raw_p[j * S + src];
+        *rp = np_max(*rp, raw[i]);
+        int64_t ev = 0;
+        double dd = denom[i] > 1.0 ? denom[i] : 1.0; /* floor(log2(max(denom, 1))), exact */
+        if (dd == dd && dd <= 1.7976931348623157e308) {
+            int e;
+            frexp(dd, &e);
+            ev = e - 1;
+        } else {
+            ev = EVIDENCE_BINS - 1;
+        }
+        if (ev < 0) ev = 0;
+        if (ev > EVIDENCE_BINS - 1) ev = EVIDENCE_BINS - 1;
+        int64_t *bp = &g->bins[j * S + src];
+        if (ev > *bp) *bp = ev;
+    }
+    /* combine: 1 - prod_s (1 - clip(raw_p * factor)), then the path products */
+    for (int64_t j = 0; j < m; j++) {
+        double acc = 0.0;
+        int64_t col = g->oi[2 * n + j] < g->fd ? g->oi[2 * n + j] : g->fd;
+        col -= 1;
+        for (int64_t s = 0; s < S; s++) {
+            double p = g->raw_p[j * S + s];
+            if (g->factors) {
+                int64_t b = g->bins[j * S + s] < g->fe - 1 ? g->bins[j * S + s] : g->fe - 1;
+                p = p * g->factors[(s * g->fd + col) * g->fe + b];
+            }
+            double q = 1.0 - clip01(p);
+            acc = s ? acc * q : q;
+        }
+        double c = 1.0 - acc;
+        g->of[j] = c;
+        int64_t par = g->oi[n + j];
+        g->of[n + j] = par >= 0 ? c * g->of[n + par] : c;
+    }
+    *n_out = m;
+done:
+    free(scratch), free(dbl), free(keys);
+    return err;
+}
+
+static PyObject *py_merge(PyObject *self, PyObject *args) {
+    PyObject *o_tok, *o_par, *o_cnt, *o_meta, *o_md, *o_fac, *o_oi, *o_raw, *o_bins, *o_of, *o_starts;
+    Merge g;
+    memset(&g, 0, sizeof g);
+    long long S;
+    if (!PyArg_ParseTuple(args, "OOOOOdOLOOOOO", &o_tok, &o_par, &o_cnt, &o_meta, &o_md, &g.smoothing,
+                          &o_fac, &S, &o_oi, &o_raw, &o_bins, &o_of, &o_starts))
+        return NULL;
+    Views vs = {.n = 0};
+    int64_t n, n2, n3, p3, b, oi, nraw, nbins, nof, nst, nf = 0;
+    if (!(g.tok = view(&vs, o_tok, 'i', 0, &n, "tokens"))) return fail(&vs);
+    if (!(g.lpar = view(&vs, o_par, 'i', 0, &n2, "parents"))) return fail(&vs);
+    if (!(g.counts = view(&vs, o_cnt, 'q', 0, &n3, "counts"))) return fail(&vs);
+    if (!(g.meta = view(&vs, o_meta, 'q', 0, &p3, "meta"))) return fail(&vs);
+    if (!(g.max_depths = view(&vs, o_md, 'q', 0, &b, "max_depths"))) return fail(&vs);
+    if (o_fac != Py_None) {
+        PyObject *fa, *fd, *fe;
+        if (!PyArg_ParseTuple(o_fac, "OOO", &fa, &fd, &fe)) return fail(&vs);
+        if (!(g.factors = view(&vs, fa, 'd', 0, &nf, "factors"))) return fail(&vs);
+        g.fd = PyLong_AsLongLong(fd), g.fe = PyLong_AsLongLong(fe);
+        if (PyErr_Occurred()) return fail(&vs);
+        if (g.fd < 1 || g.fe < 1 || nf < S * g.fd * g.fe) return raise(&vs, E_SHAPE);
+    }
+    if (!(g.oi = view(&vs, o_oi, 'q', 1, &oi, "out ints"))) return fail(&vs);
+    if (!(g.raw_p = view(&vs, o_raw, 'd', 1, &nraw, "raw_p"))) return fail(&vs);
+    if (!(g.bins = view(&vs, o_bins, 'q', 1, &nbins, "bins"))) return fail(&vs);
+    if (!(g.of = view(&vs, o_of, 'd', 1, &nof, "out floats"))) return fail(&vs);
+    if (!(g.starts = view(&vs, o_starts, 'q', 1, &nst, "starts"))) return fail(&vs);
+    g.n = n, g.p = p3 / 3, g.b = b, g.s = S;
+    if (S < 1 || n2 != n || n3 != n || p3 % 3 || oi != 4 * n || nraw != n * S || nbins != n * S
+        || nof != 2 * n || nst != b + 1)
+        return raise(&vs, E_SHAPE);
+    int64_t m = 0;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = merge_run(&g, &m);
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    return PyLong_FromLongLong(m);
+}
+
+/* ---------------------------------------------------------------------------- path products */
+
+static PyObject *py_path_products(PyObject *self, PyObject *args) {
+    PyObject *o_cond, *o_par, *o_out;
+    if (!PyArg_ParseTuple(args, "OOO", &o_cond, &o_par, &o_out)) return NULL;
+    Views vs = {.n = 0};
+    int64_t n, n2, n3;
+    const double *cond;
+    const int64_t *par;
+    double *out;
+    if (!(cond = view(&vs, o_cond, 'd', 0, &n, "cond_p"))) return fail(&vs);
+    if (!(par = view(&vs, o_par, 'q', 0, &n2, "parents"))) return fail(&vs);
+    if (!(out = view(&vs, o_out, 'd', 1, &n3, "out"))) return fail(&vs);
+    if (n2 != n || n3 != n) return raise(&vs, E_SHAPE);
+    int err = OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        if (par[i] >= i || par[i] < -1) { err = E_PARENT; break; }
+        out[i] = par[i] >= 0 ? cond[i] * out[par[i]] : cond[i];
+    }
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------- ranking, top-T */
+
+typedef struct {
+    uint64_t key; /* -path_p as an order-preserving integer */
+    int64_t i;
+} Rank;
+
+/* numpy lexsort order of (-p, index) as one integer order: NaN last (all NaNs equal), -0.0 equal
+ * to 0.0, equal keys by index. */
+static inline uint64_t desc_key(double p) {
+    double x = -p;
+    if (x != x) return UINT64_MAX;
+    if (x == 0.0) x = 0.0;
+    uint64_t u;
+    memcpy(&u, &x, sizeof u);
+    return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+}
+
+static inline int rank_before(const Rank *a, const Rank *b) {
+    return a->key < b->key || (a->key == b->key && a->i < b->i);
+}
+
+/* insertion sort of runs of 16, then bottom-up merges through tmp */
+static void sort_ranks(Rank *k, Rank *tmp, int64_t n) {
+    const int64_t run = 16;
+    for (int64_t lo = 0; lo < n; lo += run) {
+        int64_t hi = lo + run < n ? lo + run : n;
+        for (int64_t i = lo + 1; i < hi; i++) {
+            Rank x = k[i];
+            int64_t j = i;
+            while (j > lo && rank_before(&x, &k[j - 1])) k[j] = k[j - 1], j--;
+            k[j] = x;
+        }
+    }
+    Rank *src = k, *dst = tmp;
+    for (int64_t w = run; w < n; w *= 2) {
+        for (int64_t lo = 0; lo < n; lo += 2 * w) {
+            int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int64_t a = lo, b = mid, o = lo;
+            while (a < mid && b < hi) dst[o++] = rank_before(&src[b], &src[a]) ? src[b++] : src[a++];
+            while (a < mid) dst[o++] = src[a++];
+            while (b < hi) dst[o++] = src[b++];
+        }
+        Rank *t = src;
+        src = dst, dst = t;
+    }
+    if (src != k) memcpy(k, src, sizeof(Rank) * (size_t)n);
+}
+
+static int rank_rows(const double *p, const int64_t *starts, int64_t b, int64_t n, int64_t *order) {
+    if (starts[0] != 0 || starts[b] != n) return E_SHAPE;
+    Rank *k = malloc(sizeof(Rank) * (size_t)(2 * n + 1));
+    if (!k) return E_NOMEM;
+    for (int64_t r = 0; r < b; r++) {
+        int64_t lo = starts[r], hi = starts[r + 1];
+        if (hi < lo || hi > n) { free(k); return E_SHAPE; }
+        for (int64_t i = lo; i < hi; i++) k[i - lo].key = desc_key(p[i]), k[i - lo].i = i;
+        sort_ranks(k, k + n, hi - lo);
+        for (int64_t i = lo; i < hi; i++) order[i] = k[i - lo].i;
+    }
+    free(k);
+    return OK;
+}
+
+static PyObject *py_ranked(PyObject *self, PyObject *args) {
+    PyObject *o_p, *o_starts, *o_out;
+    if (!PyArg_ParseTuple(args, "OOO", &o_p, &o_starts, &o_out)) return NULL;
+    Views vs = {.n = 0};
+    int64_t n, b1, n2;
+    const double *p;
+    const int64_t *starts;
+    int64_t *out;
+    if (!(p = view(&vs, o_p, 'd', 0, &n, "path_p"))) return fail(&vs);
+    if (!(starts = view(&vs, o_starts, 'q', 0, &b1, "starts"))) return fail(&vs);
+    if (!(out = view(&vs, o_out, 'q', 1, &n2, "out"))) return fail(&vs);
+    if (n2 != n || b1 < 1) return raise(&vs, E_SHAPE);
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = rank_rows(p, starts, b1 - 1, n, out);
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    Py_RETURN_NONE;
+}
+
+/* select(path_p, parents, starts, n, order | None, keep_out) -> k: the n[r] best nodes of each
+ * row, ascending. */
+static PyObject *py_select(PyObject *self, PyObject *args) {
+    PyObject *o_p, *o_par, *o_starts, *o_n, *o_order, *o_keep;
+    if (!PyArg_ParseTuple(args, "OOOOOO", &o_p, &o_par, &o_starts, &o_n, &o_order, &o_keep)) return NULL;
+    Views vs = {.n = 0};
+    int64_t n, n2, b1, bn, no = 0, nk;
+    const double *p;
+    const int64_t *par, *starts, *want, *given = NULL;
+    int64_t *keep;
+    if (!(p = view(&vs, o_p, 'd', 0, &n, "path_p"))) return fail(&vs);
+    if (!(par = view(&vs, o_par, 'q', 0, &n2, "parents"))) return fail(&vs);
+    if (!(starts = view(&vs, o_starts, 'q', 0, &b1, "starts"))) return fail(&vs);
+    if (!(want = view(&vs, o_n, 'q', 0, &bn, "n"))) return fail(&vs);
+    if (o_order != Py_None && !(given = view(&vs, o_order, 'q', 0, &no, "order"))) return fail(&vs);
+    if (!(keep = view(&vs, o_keep, 'q', 1, &nk, "keep"))) return fail(&vs);
+    int64_t b = b1 - 1;
+    if (n2 != n || b < 0 || bn != b || nk != n || (given && no != n)) return raise(&vs, E_SHAPE);
+    int err = OK;
+    int64_t k = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t *buf = malloc(sizeof(int64_t) * (size_t)(2 * n + 1));
+    if (!buf) err = E_NOMEM;
+    int64_t *order = buf, *rank = buf ? buf + n : NULL;
+    if (!err && starts[0] == 0 && starts[b] == n) {
+        for (int64_t r = 0; r < b && !err; r++)
+            if (starts[r + 1] < starts[r]) err = E_SHAPE;
+    } else if (!err) {
+        err = E_SHAPE;
+    }
+    if (!err) {
+        if (given) {
+            memcpy(order, given, sizeof(int64_t) * (size_t)n);
+        } else {
+            err = rank_rows(p, starts, b, n, order);
+        }
+    }
+    if (!err) {
+        /* rank[order[j]] = j - starts[row of order[j]] (order is row by row) */
+        for (int64_t j = 0; j < n && !err; j++) {
+            int64_t i = order[j];
+            if (i < 0 || i >= n) { err = E_KEEP; break; }
+            int64_t lo = 0, hi = b; /* the row of node i: binary search in starts */
+            while (lo < hi) {
+                int64_t mid = (lo + hi) / 2;
+                if (starts[mid + 1] <= i) lo = mid + 1; else hi = mid;
+            }
+            rank[i] = j - starts[lo];
+        }
+    }
+    if (!err) {
+        for (int64_t r = 0; r < b; r++)
+            for (int64_t i = starts[r]; i < starts[r + 1]; i++)
+                if (rank[i] < want[r]) keep[k++] = i;
+        /* ancestor-closed: every kept node's parent is kept */
+        for (int64_t j = 0; j < k; j++) order[keep[j]] = -2; /* mark kept */
+        for (int64_t j = 0; j < k && !err; j++) {
+            int64_t q = par[keep[j]];
+            if (q >= n) err = E_PARENT;
+            else if (q >= 0 && order[q] != -2) err = E_CLOSED;
+        }
+    }
+    free(buf);
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    return PyLong_FromLongLong(k);
+}
+
+/* kept(tokens, parents, depths, starts, keep, out [5, k], kstarts [B + 1]): the kept nodes
+ * re-indexed; out rows: tokens, parents (into the kept arrays, -1 = root), local, depths, row. */
+static PyObject *py_kept(PyObject *self, PyObject *args) {
+    PyObject *o_tok, *o_par, *o_dep, *o_starts, *o_keep, *o_out, *o_ks;
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &o_tok, &o_par, &o_dep, &o_starts, &o_keep, &o_out, &o_ks)) return NULL;
+    Views vs = {.n = 0};
+    int64_t n, n2, n3, b1, k, no, nks;
+    const int64_t *tok, *par, *dep, *starts, *keep;
+    int64_t *out, *ks;
+    if (!(tok = view(&vs, o_tok, 'q', 0, &n, "tokens"))) return fail(&vs);
+    if (!(par = view(&vs, o_par, 'q', 0, &n2, "parents"))) return fail(&vs);
+    if (!(dep = view(&vs, o_dep, 'q', 0, &n3, "depths"))) return fail(&vs);
+    if (!(starts = view(&vs, o_starts, 'q', 0, &b1, "starts"))) return fail(&vs);
+    if (!(keep = view(&vs, o_keep, 'q', 0, &k, "keep"))) return fail(&vs);
+    if (!(out = view(&vs, o_out, 'q', 1, &no, "out"))) return fail(&vs);
+    if (!(ks = view(&vs, o_ks, 'q', 1, &nks, "kept starts"))) return fail(&vs);
+    int64_t b = b1 - 1;
+    if (n2 != n || n3 != n || b < 0 || no != 5 * k || nks != b1) return raise(&vs, E_SHAPE);
+    int err = OK;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t *new = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!new) err = E_NOMEM;
+    for (int64_t i = 0; !err && i < n; i++) new[i] = -1;
+    for (int64_t j = 0; !err && j < k; j++) {
+        if (keep[j] < 0 || keep[j] >= n || (j && keep[j] <= keep[j - 1])) err = E_KEEP;
+        else new[keep[j]] = j;
+    }
+    for (int64_t r = 0; !err && r <= b; r++) ks[r] = 0;
+    if (!err && b && (starts[0] != 0 || starts[b] != n)) err = E_SHAPE;
+    int64_t r = 0;
+    for (int64_t j = 0; !err && j < k; j++) {
+        int64_t i = keep[j];
+        while (r < b && starts[r + 1] <= i) r++; /* keep ascending: the row never goes back */
+        int64_t q = par[i];
+        if (q >= n) { err = E_PARENT; break; }
+        out[j] = tok[i];
+        out[k + j] = q >= 0 ? new[q] : -1;
+        out[3 * k + j] = dep[i];
+        out[4 * k + j] = r;
+        ks[r + 1]++;
+    }
+    if (!err) {
+        for (int64_t x = 0; x < b; x++) ks[x + 1] += ks[x];
+        for (int64_t j = 0; j < k; j++) out[2 * k + j] = j - ks[out[4 * k + j]];
+    }
+    free(new);
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------- verification inputs */
+
+/* width(starts, m) -> q = max_r 1 + n_r + m_r (0 rows: 0). */
+static PyObject *py_width(PyObject *self, PyObject *args) {
+    PyObject *o_starts, *o_m;
+    if (!PyArg_ParseTuple(args, "OO", &o_starts, &o_m)) return NULL;
+    Views vs = {.n = 0};
+    int64_t b1, bm;
+    const int64_t *starts, *m;
+    if (!(starts = view(&vs, o_starts, 'q', 0, &b1, "starts"))) return fail(&vs);
+    if (!(m = view(&vs, o_m, 'q', 0, &bm, "m"))) return fail(&vs);
+    if (bm != b1 - 1) return raise(&vs, E_SHAPE);
+    int64_t q = 0;
+    for (int64_t r = 0; r < bm; r++) {
+        int64_t w = 1 + starts[r + 1] - starts[r] + m[r];
+        if (w > q) q = w;
+    }
+    views_release(&vs);
+    return PyLong_FromLongLong(q);
+}
+
+/* inputs(tokens, parents, depths, starts, roots, bases, m, pad_id, ids [B, q], pos [B, q],
+ * block [B, q, q] bool): the ids, positions and ancestor block of build_batch (side branches
+ * excepted: m[r] counts their slots as real). */
+static PyObject *py_inputs(PyObject *self, PyObject *args) {
+    PyObject *o_tok, *o_par, *o_dep, *o_starts, *o_roots, *o_bases, *o_m, *o_ids, *o_pos, *o_block;
+    long long pad;
+    if (!PyArg_ParseTuple(args, "OOOOOOOLOOO", &o_tok, &o_par, &o_dep, &o_starts, &o_roots, &o_bases, &o_m,
+                          &pad, &o_ids, &o_pos, &o_block))
+        return NULL;
+    Views vs = {.n = 0};
+    int64_t k, k2, k3, b1, br, bb, bm, nids, npos, nblock;
+    const int64_t *tok, *par, *dep, *starts, *roots, *bases, *m;
+    int64_t *ids, *pos;
+    char *block;
+    if (!(tok = view(&vs, o_tok, 'q', 0, &k, "tokens"))) return fail(&vs);
+    if (!(par = view(&vs, o_par, 'q', 0, &k2, "parents"))) return fail(&vs);
+    if (!(dep = view(&vs, o_dep, 'q', 0, &k3, "depths"))) return fail(&vs);
+    if (!(starts = view(&vs, o_starts, 'q', 0, &b1, "starts"))) return fail(&vs);
+    if (!(roots = view(&vs, o_roots, 'q', 0, &br, "roots"))) return fail(&vs);
+    if (!(bases = view(&vs, o_bases, 'q', 0, &bb, "bases"))) return fail(&vs);
+    if (!(m = view(&vs, o_m, 'q', 0, &bm, "m"))) return fail(&vs);
+    if (!(ids = view(&vs, o_ids, 'q', 1, &nids, "ids"))) return fail(&vs);
+    if (!(pos = view(&vs, o_pos, 'q', 1, &npos, "pos"))) return fail(&vs);
+    if (!(block = view(&vs, o_block, '?', 1, &nblock, "block"))) return fail(&vs);
+    int64_t b = b1 - 1;
+    if (k2 != k || k3 != k || b < 0 || br != b || bb != b || bm != b) return raise(&vs, E_SHAPE);
+    int64_t q = b ? nids / b : 0;
+    if (nids != b * q || npos != b * q || nblock != b * q * q || (b && (starts[0] != 0 || starts[b] != k)))
+        return raise(&vs, E_SHAPE);
+    int err = OK;
+    Py_BEGIN_ALLOW_THREADS
+    memset(block, 0, (size_t)(b * q * q));
+    for (int64_t r = 0; r < b && !err; r++) {
+        int64_t lo = starts[r], hi = starts[r + 1], real = 1 + hi - lo + m[r];
+        if (hi < lo || real > q || m[r] < 0) { err = E_SLOT; break; }
+        int64_t *ir = ids + r * q, *pr = pos + r * q;
+        char *br_ = block + r * q * q;
+        ir[0] = roots[r];
+        for (int64_t j = 1; j < q; j++) ir[j] = pad;
+        for (int64_t j = 0; j < q; j++) pr[j] = bases[r];
+        for (int64_t j = 0; j < q; j++) br_[j * q + j] = 1;
+        for (int64_t j = 0; j < real; j++) br_[j * q] = 1;
+        for (int64_t i = lo; i < hi; i++) {
+            int64_t s = 1 + i - lo;
+            ir[s] = tok[i];
+            pr[s] = bases[r] + dep[i];
+            char *rowp = br_ + s * q;
+            for (int64_t u = par[i]; u >= 0; u = par[u]) {
+                if (u < lo || u >= i) { err = E_PARENT; break; }
+                rowp[1 + u - lo] = 1;
+            }
+            if (err) break;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    Py_RETURN_NONE;
+}
+
+/* -------------------------------------------------------------------------------- acceptance */
+
+/* accept(tokens, parents, depths, starts, argmax [B, q], best_out [B], length_out [B]) -> width:
+ * per row the deepest node agreeing with the argmax all the way from the root (first in level
+ * order on ties; -1 none) and its depth. */
+static PyObject *py_accept(PyObject *self, PyObject *args) {
+    PyObject *o_tok, *o_par, *o_dep, *o_starts, *o_arg, *o_best, *o_len;
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &o_tok, &o_par, &o_dep, &o_starts, &o_arg, &o_best, &o_len)) return NULL;
+    Views vs = {.n = 0};
+    int64_t k, k2, k3, b1, na, nb, nl;
+    const int64_t *tok, *par, *dep, *starts, *arg;
+    int64_t *best, *length;
+    if (!(tok = view(&vs, o_tok, 'q', 0, &k, "tokens"))) return fail(&vs);
+    if (!(par = view(&vs, o_par, 'q', 0, &k2, "parents"))) return fail(&vs);
+    if (!(dep = view(&vs, o_dep, 'q', 0, &k3, "depths"))) return fail(&vs);
+    if (!(starts = view(&vs, o_starts, 'q', 0, &b1, "starts"))) return fail(&vs);
+    if (!(arg = view(&vs, o_arg, 'q', 0, &na, "argmax"))) return fail(&vs);
+    if (!(best = view(&vs, o_best, 'q', 1, &nb, "best"))) return fail(&vs);
+    if (!(length = view(&vs, o_len, 'q', 1, &nl, "length"))) return fail(&vs);
+    int64_t b = b1 - 1;
+    if (k2 != k || k3 != k || b < 0 || nb != b || nl != b || (b && (starts[0] != 0 || starts[b] != k)))
+        return raise(&vs, E_SHAPE);
+    int64_t q = b ? na / b : 0;
+    if (na != b * q) return raise(&vs, E_SHAPE);
+    int err = OK;
+    int64_t width = 0;
+    Py_BEGIN_ALLOW_THREADS
+    char *ok = malloc((size_t)k + 1);
+    if (!ok) err = E_NOMEM;
+    for (int64_t r = 0; r < b && !err; r++) {
+        int64_t lo = starts[r], hi = starts[r + 1], bi = -1, bs = 0;
+        if (hi < lo || hi - lo + 1 > q) { err = hi < lo ? E_SHAPE : E_SLOT; break; }
+        const int64_t *ar = arg + r * q;
+        for (int64_t i = lo; i < hi; i++) {
+            int64_t u = par[i];
+            if (u >= 0 && (u < lo || u >= i)) { err = E_PARENT; break; }
+            ok[i] = tok[i] == ar[u >= 0 ? 1 + u - lo : 0] && (u < 0 || ok[u]);
+            int64_t score = ok[i] ? dep[i] : 0;
+            if (score > bs) bs = score, bi = i;
+        }
+        best[r] = bi;
+        length[r] = bi >= 0 ? dep[bi] : 0;
+        if (length[r] > width) width = length[r];
+    }
+    free(ok);
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    return PyLong_FromLongLong(width);
+}
+
+/* accept_fill(tokens, parents, starts, argmax [B, q], best, length, path [B, W], out [B, W + 1]):
+ * the accepted paths (-1 padded) and their tokens followed by the bonus token (0 padded). */
+static PyObject *py_accept_fill(PyObject *self, PyObject *args) {
+    PyObject *o_tok, *o_par, *o_starts, *o_arg, *o_best, *o_len, *o_path, *o_out;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &o_tok, &o_par, &o_starts, &o_arg, &o_best, &o_len, &o_path, &o_out))
+        return NULL;
+    Views vs = {.n = 0};
+    int64_t k, k2, b1, na, nb, nl, np_, no;
+    const int64_t *tok, *par, *starts, *arg, *best, *length;
+    int64_t *path, *out;
+    if (!(tok = view(&vs, o_tok, 'q', 0, &k, "tokens"))) return fail(&vs);
+    if (!(par = view(&vs, o_par, 'q', 0, &k2, "parents"))) return fail(&vs);
+    if (!(starts = view(&vs, o_starts, 'q', 0, &b1, "starts"))) return fail(&vs);
+    if (!(arg = view(&vs, o_arg, 'q', 0, &na, "argmax"))) return fail(&vs);
+    if (!(best = view(&vs, o_best, 'q', 0, &nb, "best"))) return fail(&vs);
+    if (!(length = view(&vs, o_len, 'q', 0, &nl, "length"))) return fail(&vs);
+    if (!(path = view(&vs, o_path, 'q', 1, &np_, "path"))) return fail(&vs);
+    if (!(out = view(&vs, o_out, 'q', 1, &no, "out"))) return fail(&vs);
+    int64_t b = b1 - 1;
+    if (k2 != k || b < 0 || nb != b || nl != b) return raise(&vs, E_SHAPE);
+    int64_t q = b ? na / b : 0, w = b ? np_ / b : 0;
+    if (na != b * q || np_ != b * w || no != b * (w + 1)) return raise(&vs, E_SHAPE);
+    int err = OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t r = 0; r < b && !err; r++) {
+        int64_t *pr = path + r * w, *orow = out + r * (w + 1), len = length[r], node = best[r];
+        if (len < 0 || len > w || node >= k) { err = E_SHAPE; break; }
+        for (int64_t j = 0; j < w; j++) pr[j] = -1;
+        for (int64_t j = 0; j <= w; j++) orow[j] = 0;
+        int64_t last = node >= 0 ? 1 + node - starts[r] : 0;
+        if (last >= q) { err = E_SLOT; break; }
+        for (int64_t j = len - 1; j >= 0 && node >= 0; j--) {
+            pr[j] = node;
+            orow[j] = tok[node];
+            node = par[node];
+        }
+        orow[len] = arg[r * q + last];
+    }
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------- module */
+
+static PyMethodDef methods[] = {
+    {"merge", py_merge, METH_VARARGS,
+     "merge(tokens i32, parents i32 (local), counts, meta [P, 3] (size, row, source), max_depths [B], "
+     "smoothing, (factors, D, E) | None, S, out_ints [4, N], raw_p [N, S] zeros, bins [N, S] zeros, "
+     "out_floats [2, N], starts [B + 1]) -> merged node count."},
+    {"path_products", py_path_products, METH_VARARGS, "path_products(cond_p, parents, out)."},
+    {"ranked", py_ranked, METH_VARARGS, "ranked(path_p, starts, out): per row by descending path_p, ties by index."},
+    {"select", py_select, METH_VARARGS, "select(path_p, parents, starts, n, order | None, keep_out) -> k."},
+    {"kept", py_kept, METH_VARARGS, "kept(tokens, parents, depths, starts, keep, out [5, k], kept_starts [B + 1])."},
+    {"width", py_width, METH_VARARGS, "width(starts, m) -> max_r 1 + n_r + m_r."},
+    {"inputs", py_inputs, METH_VARARGS,
+     "inputs(tokens, parents, depths, starts, roots, bases, m, pad_id, ids, pos, block)."},
+    {"accept", py_accept, METH_VARARGS, "accept(tokens, parents, depths, starts, argmax, best, length) -> width."},
+    {"accept_fill", py_accept_fill, METH_VARARGS,
+     "accept_fill(tokens, parents, starts, argmax, best, length, path, out)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "decoder._step",
+                                    "Compiled per-step host work of the speculative decoder.", -1, methods};
+
+PyMODINIT_FUNC PyInit__step(void) { return PyModule_Create(&module); }

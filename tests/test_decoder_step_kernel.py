@@ -1,0 +1,170 @@
+"""The C step kernel (decoder/_step.c) against the numpy implementations it replaced
+(tests/decoder_step_reference.py): exact equality, floats bit for bit, on random forests (several
+rows and sources, duplicate paths across sources, empty rows, max_depths cutting trees) by
+hypothesis and by a seeded sweep."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import decoder_step_reference as ref
+from datastore.tree import DraftTree
+from decoder.attention import TreeSlots, build_batch
+from decoder.drafters.base import SideBranch
+from decoder.tree import kept_nodes, merge_rows, path_products, ranked, select_rows
+from decoder.verify import greedy_accept_rows
+
+
+def random_tree(rng: np.random.Generator, n: int, vocab: int, deep: float, source: str = "s") -> DraftTree:
+    """A trie of <= n nodes over `vocab` tokens; `deep` = chance a node extends the newest one."""
+    tokens, parents, counts, paths = [], [], [], {}
+    for _ in range(n):
+        if tokens and rng.random() < deep:
+            par = len(tokens) - 1
+        else:
+            par = int(rng.integers(-1, len(tokens)))
+        tok = int(rng.integers(0, vocab))
+        path = (paths[par] if par >= 0 else ()) + (tok,)
+        if path in paths.values():
+            continue
+        paths[len(tokens)] = path
+        tokens.append(tok)
+        parents.append(par)
+        counts.append(int(rng.integers(-1, 40)) if rng.random() < 0.9 else int(rng.integers(0, 5000)))
+    return DraftTree(np.asarray(tokens, dtype=np.int32), np.asarray(parents, dtype=np.int32),
+                     np.asarray(counts, dtype=np.int64), 1, source)
+
+
+def random_forest(rng: np.random.Generator, rows: int, sources: int, max_n: int, vocab: int):
+    """trees[r][s]; a row is sometimes empty, a source sometimes silent, and sources often share
+    paths (small vocab, a common chain)."""
+    trees = []
+    for _ in range(rows):
+        if rng.random() < 0.15:
+            trees.append([DraftTree.empty() for _ in range(sources)])
+            continue
+        deep = float(rng.choice([0.0, 0.5, 0.9]))
+        row = []
+        for _ in range(sources):
+            if row and len(row[-1]) and rng.random() < 0.4:  # a prefix of another source's trie
+                other = row[int(rng.integers(0, len(row)))]
+                cut = int(rng.integers(0, len(other) + 1))
+                row.append(DraftTree(other.tokens[:cut], other.parents[:cut],
+                                     rng.integers(-1, 40, size=cut), 1, "s"))
+                continue
+            n = 0 if rng.random() < 0.2 else int(rng.integers(1, max_n + 1))
+            row.append(random_tree(rng, n, vocab, deep))
+        trees.append(row)
+    return trees
+
+
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal shapes, dtypes and values; floats bit for bit."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind == "f":
+        return bool(np.array_equal(a.view(np.int64), b.view(np.int64)))
+    return bool(np.array_equal(a, b))
+
+
+def check_forest(rng: np.random.Generator, trees, sources: int, max_depths: np.ndarray, smoothing: float,
+                 with_factors: bool) -> None:
+    factors = None
+    if with_factors:
+        shape = (sources + int(rng.integers(0, 2)), int(rng.integers(1, 6)), int(rng.integers(1, 9)))
+        factors = rng.uniform(0.0, 1.6, shape)
+    got = merge_rows(trees, factors, max_depths, smoothing, n_sources=sources)
+    want = ref.merge_rows(trees, factors, max_depths, smoothing, n_sources=sources)
+    for field in ("tokens", "parents", "depths", "sources", "raw_p", "bins", "cond_p", "path_p", "starts"):
+        assert same(getattr(got, field), getattr(want, field)), field
+    assert same(path_products(want.cond_p, want.parents, want.depths), want.path_p)
+    # ranking and top-T per row, with and without the caller's order
+    assert same(ranked(got), ref.ranked(want))
+    b = len(trees)
+    n = rng.integers(-1, 12, size=b).astype(np.int64)
+    order = ranked(got) if rng.random() < 0.5 else None
+    keep = select_rows(got, n, order)
+    assert same(keep, ref.select_rows(want, n))
+    k, kw = kept_nodes(got, keep), ref.kept_nodes(want, ref.select_rows(want, n))
+    for field in ("tokens", "parents", "local", "depths", "row", "starts", "merged"):
+        assert same(getattr(k, field), getattr(kw, field)), field
+    slots = TreeSlots(k.tokens, k.parents, k.depths, k.row, k.starts)
+    # verification inputs: ids, positions, the 4D mask; some rows carry a side branch
+    roots = rng.integers(0, 50, size=b).astype(np.int64)
+    bases = rng.integers(0, 30, size=b).astype(np.int64)
+    sides = []
+    for _ in range(b):
+        if rng.random() < 0.3:
+            m = int(rng.integers(1, 4))
+            mask = np.tril(rng.random((m, m)) < 0.7) | np.eye(m, dtype=bool)
+            sides.append(SideBranch(rng.integers(0, 50, size=m), rng.integers(1, 4, size=m), mask))
+        else:
+            sides.append(None)
+    valid = torch.from_numpy(rng.random((b, int(rng.integers(0, 6)))) < 0.7)
+    for dtype in (torch.float32, torch.bfloat16):
+        g = build_batch(roots, bases, slots, sides, valid, dtype, torch.device("cpu"), pad_id=3)
+        w = ref.build_batch(roots, bases, slots, sides, valid, dtype, torch.device("cpu"), pad_id=3)
+        for x, y in zip(g[:3], w[:3]):
+            assert x.dtype == y.dtype and torch.equal(x, y)
+        assert same(g[3], w[3])
+    # greedy acceptance: an argmax that often agrees with a child
+    q = 1 + int(np.diff(k.starts).max(initial=0)) + int(rng.integers(0, 3))
+    argmax = rng.integers(0, 4, size=(b, q)).astype(np.int64)
+    for i in range(k.tokens.shape[0]):
+        if rng.random() < 0.6:
+            parent_slot = 0 if k.parents[i] < 0 else 1 + k.local[k.parents[i]]
+            argmax[k.row[i], parent_slot] = k.tokens[i]
+    for x, y in zip(greedy_accept_rows(slots, argmax), ref.greedy_accept_rows(slots, argmax)):
+        assert same(x, y)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 5), st.integers(1, 4), st.integers(1, 30),
+       st.integers(1, 6), st.booleans(), st.sampled_from([0.0, 0.5, 1.0]))
+def test_kernel_equals_numpy(seed, rows, sources, max_n, vocab, with_factors, smoothing):
+    rng = np.random.default_rng(seed)
+    trees = random_forest(rng, rows, sources, max_n, vocab)
+    max_depths = rng.integers(0, 12, size=rows).astype(np.int64)
+    if rng.random() < 0.5:
+        max_depths[:] = 1 << 30
+    check_forest(rng, trees, sources, max_depths, smoothing, with_factors)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_kernel_sweep(seed):
+    """Bigger forests: up to 32 rows x 4 sources x 64 nodes, depth up to 16 and beyond."""
+    rng = np.random.default_rng(1000 + seed)
+    rows = int(rng.choice([1, 3, 8, 32]))
+    sources = int(rng.integers(1, 5))
+    trees = random_forest(rng, rows, sources, 64, int(rng.choice([2, 5, 50])))
+    max_depths = rng.integers(0, 20, size=rows).astype(np.int64)
+    check_forest(rng, trees, sources, max_depths, float(rng.choice([0.0, 1.0])), bool(seed % 2))
+
+
+def test_kernel_rejects_bad_input():
+    tree = DraftTree(np.array([1, 2]), np.array([-1, 0]), np.array([3, 4]))
+    with pytest.raises(IndexError):  # a source beyond n_sources
+        merge_rows([[tree, tree]], None, np.array([5]), n_sources=1)
+    merged = merge_rows([[tree]], None, np.array([5]))
+    with pytest.raises(ValueError):  # kept indices not ascending
+        kept_nodes(merged, np.array([1, 0]))
+    with pytest.raises(AssertionError):  # a child without its parent
+        select_rows(merged, np.array([1]), np.array([1, 0]))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ranked_ties_zeros_nan(seed):
+    """ranked orders like numpy's lexsort: ties by index, -0.0 == 0.0, NaN last."""
+    from decoder.tree import MergedTree
+
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 80, size=int(rng.integers(1, 6)))
+    n = int(sizes.sum())
+    path_p = rng.choice(np.array([0.0, -0.0, 0.25, 0.5, 1.0, np.nan, 1e-300]), size=n)
+    z = np.zeros(n, dtype=np.int64)
+    tree = MergedTree(z, z - 1, z + 1, z, np.zeros((n, 1)), np.zeros((n, 1), dtype=np.int64), path_p, path_p,
+                      np.concatenate(([0], np.cumsum(sizes))).astype(np.int64))
+    assert same(ranked(tree), ref.ranked(tree))
