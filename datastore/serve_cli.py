@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--live-dir", default=None, help="live tier LMDB directory (default DIR.live)")
     p.add_argument("--live-max-tokens", type=int, default=10_000_000,
                    help="cap on live tokens; the oldest sequences are evicted beyond it")
+    p.add_argument("--limit-budget", type=int, default=1024,
+                   help="most draft nodes one context may ask for (default 1024; reported by Info)")
+    p.add_argument("--limit-batch", type=int, default=256,
+                   help="most contexts in one DraftBatch (default 256; reported by Info)")
     p.add_argument("--grace", type=float, default=5.0,
                    help="seconds in-flight calls get to finish on SIGTERM/SIGINT (default 5)")
     p.add_argument("--log-level", default="INFO", type=str.upper,
@@ -88,7 +92,8 @@ def settings_from_args(args: argparse.Namespace):
             max_concurrent=args.max_concurrent, auth_token=token, tls_cert=args.tls_cert,
             tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, reflection=args.reflection,
             metrics_port=args.metrics_port, live=args.live, live_dir=args.live_dir,
-            live_max_tokens=args.live_max_tokens, grace=args.grace,
+            live_max_tokens=args.live_max_tokens, grace=args.grace, limit_budget=args.limit_budget,
+            limit_batch=args.limit_batch,
             reuseport=args.workers > 1,
         )
     except ValueError as exc:

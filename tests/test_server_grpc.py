@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from datastore.server import ServeSettings, serve
 from datastore.store import Datastore
 from protos import convert
+from protos.channel import MAX_MESSAGE_BYTES
 from protos.draftstore.v1 import draftstore_pb2 as pb
 from server_support import build_store, make_ca_and_cert, sample_contexts, scrape, stub_for
 
@@ -61,11 +62,16 @@ def contexts(corpus, smollm2_tokenizer):
     return sample_contexts(smollm2_tokenizer, corpus[1], 120)
 
 
-def slow_batch(store, n: int = 256) -> pb.DraftBatchRequest:
-    """~1-2 s of work: the largest trees from 1-token suffixes (many matches each)."""
+BIG_REPLIES = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]  # the slow batch's ~8 MB reply
+SLOW_BUDGET = 16384  # 256 x 1024 nodes take the C kernel ~0.1 s here: a server allowing more
+
+
+def slow_batch(store, n: int = 256, budget: int = SLOW_BUDGET) -> pb.DraftBatchRequest:
+    """~1 s of work (on a server whose limit_budget allows SLOW_BUDGET): the largest trees from
+    1-token suffixes (many matches each)."""
     first = store.indexes[0].tokens[:n].astype(np.int64)
     return pb.DraftBatchRequest(requests=[
-        convert.draft_request([int(t) % store.vocab_size], budget=1024, max_depth=64,
+        convert.draft_request([int(t) % store.vocab_size], budget=budget, max_depth=64,
                               max_suffix=1) for t in first])
 
 
@@ -171,7 +177,7 @@ def test_deadline_stops_a_batch_between_items(server, stub, store):
     before = scrape(server.metrics_port).get(
         'draftstore_rpc_total{code="DEADLINE_EXCEEDED",method="DraftBatch"}', 0)
     start = time.perf_counter()
-    assert code_of(lambda: stub.DraftBatch(slow_batch(store), timeout=0.15)) == \
+    assert code_of(lambda: stub.DraftBatch(slow_batch(store, budget=1024), timeout=0.15)) == \
         grpc.StatusCode.DEADLINE_EXCEEDED
     assert time.perf_counter() - start < 1.0
     # the handler saw the deadline itself and stopped (else it would finish and count OK)
@@ -272,8 +278,8 @@ def test_random_requests_never_get_internal_and_trees_are_well_formed(stub, stor
 
 
 def test_max_concurrent_rejects_instead_of_queueing(copy, store):
-    with serve(copy, ServeSettings(live=False, max_concurrent=1)) as handle:
-        ch, s = stub_for(handle.address)
+    with serve(copy, ServeSettings(live=False, max_concurrent=1, limit_budget=SLOW_BUDGET)) as handle:
+        ch, s = stub_for(handle.address, options=BIG_REPLIES)
         slow = s.DraftBatch.future(slow_batch(store))
         time.sleep(0.3)  # the slow call holds the only slot
         assert not slow.done()

@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from datastore.store import Datastore
 from protos import convert
+from protos.channel import MAX_MESSAGE_BYTES
 from protos.draftstore.v1 import draftstore_pb2 as pb
 from server_support import build_store, sample_contexts, scrape, serve_command, stub_for
 
@@ -161,10 +162,14 @@ def test_two_workers_share_the_port_and_see_each_others_inserts(corpus, smollm2_
         assert srv.stop() == 0
 
 
+BIG_REPLIES = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]  # the slow batch's ~8 MB reply
+SLOW_BUDGET = 16384  # the datastore's C kernel drafts 256 x 1024 nodes here in ~0.1 s: ask for more
+
+
 def slow_batch(ds, n: int = 256) -> pb.DraftBatchRequest:
     first = ds.indexes[0].tokens[:n].astype(np.int64)
     return pb.DraftBatchRequest(requests=[
-        convert.draft_request([int(t) % ds.vocab_size], budget=1024, max_depth=64,
+        convert.draft_request([int(t) % ds.vocab_size], budget=SLOW_BUDGET, max_depth=64,
                               max_suffix=1) for t in first])
 
 
@@ -173,10 +178,10 @@ def test_sigterm_drains_the_call_in_flight(corpus, workers):
     store, _ = corpus
     with Datastore.open(store) as ds:
         request = slow_batch(ds)
-    srv = Server(store, "--no-live", "--grace", "20", "--workers", workers)
+    srv = Server(store, "--no-live", "--grace", "20", "--workers", workers, "--limit-budget", str(SLOW_BUDGET))
     try:
         assert srv.address
-        ch, stub = stub_for(srv.address)
+        ch, stub = stub_for(srv.address, options=BIG_REPLIES)
         stub.Info(pb.InfoRequest(), timeout=10)  # connected
         start = time.perf_counter()
         future = stub.DraftBatch.future(request, timeout=60)
