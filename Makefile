@@ -33,4 +33,4 @@ peers: install
 	$(PY) -m benchmarks.peers.build_suffix
 
 clean:
-	rm -rf $(VENV) build *.egg-info datastore/*.so
+	rm -rf $(VENV) build *.egg-info datastore/*.so decoder/*.so
