@@ -37,10 +37,11 @@ from tqdm import tqdm
 
 from benchmarks import decoding as bd
 from benchmarks import workloads as wl
+from decoder.drafters.registry import DEFAULT as DEFAULT_SOURCES  # the recommended set (README, demo)
+from decoder.drafters.registry import NAMES as SOURCES
+from decoder.drafters.registry import STORE
 from decoder.drafters.retrieval import MIN_COUNT
 
-SOURCES = ("retrieval", "reference", "ngram", "lookahead", "recycle")
-DEFAULT_SOURCES = ("retrieval", "reference", "ngram", "recycle")  # the recommended set (README, demo): no lookahead
 PEER = "suffix_decoding"  # SuffixDecoding's drafts in our decoder (benchmarks/peers; needs `make peers`)
 METHODS = ("prompt_lookup", *SOURCES, "all", "default", PEER)
 FIXED_METHODS = ("default", PEER)  # also run at the fixed budget (`--fixed-budget`): the GPU-regime figure
@@ -110,7 +111,7 @@ def method_drafters(method: str) -> list[str]:
 
 
 def uses_store(method: str) -> bool:
-    return "retrieval" in method_drafters(method) or method.partition("@")[0] == PEER
+    return bool(set(STORE) & set(method_drafters(method))) or method.partition("@")[0] == PEER
 
 
 def peer_status() -> tuple[bool, str]:
@@ -177,7 +178,7 @@ class Decoders:
             drafters = [SuffixDecodingDrafter(corpus=self.corpora.get(store_key))]
         else:
             names = method_drafters(method)
-            store = self.stores[store_key] if "retrieval" in names else None
+            store = self.stores[store_key] if set(STORE) & set(names) else None
             drafters = make_drafters(names, datastore=store, tokenizer=self.tok)
         return SpeculativeDecoder(self.model, self.tok, drafters, DecoderSettings(budget=budget))
 

@@ -59,11 +59,12 @@ import numpy as np
 import torch
 
 from benchmarks import decoding as bd
+from decoder.drafters.registry import DEFAULT as DEFAULT_SOURCES
 
 SOURCE_SETS = {
     "none": (),
     "retrieval": ("retrieval",),
-    "all": ("retrieval", "reference", "ngram", "recycle"),
+    "all": DEFAULT_SOURCES,
 }
 TARGETS = {1: 0.5, 32: 1.0}  # batch -> host ms/step over HF generate's whole ms/step, at most
 REDUCTIONS = ("argmax", "topk", "max", "softmax", "log_softmax", "sort", "argsort")
@@ -594,7 +595,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--batches", default="1,8,32", help="batch sizes (default 1,8,32)")
     p.add_argument("--sources", default="none,retrieval,all",
-                   help="source sets: none, retrieval, all (= retrieval,reference,ngram,recycle)")
+                   help=f"source sets: none, retrieval, all (= {','.join(DEFAULT_SOURCES)}, the default set)")
     p.add_argument("--budgets", default="16,64", help="fixed tree budgets (default 16,64)")
     p.add_argument("--new-tokens", type=int, default=32, help="new tokens per row in each timed decode (default 32)")
     p.add_argument("--warmup-tokens", type=int, default=16, help="new tokens of the warm-up decodes (default 16)")

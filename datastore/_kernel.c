@@ -1076,7 +1076,8 @@ static int64_t suffix_ranges(const Drafter *d, const int64_t *tail, int64_t m, i
 /* One draft after tail [m] (the context's last <= max_suffix ids), appended to d's output;
  * *match_len = the suffix length it grew from (0: none). -> 0 on memory error. */
 static int draft_one(Drafter *d, const int64_t *tail, int64_t m, int64_t budget, int64_t max_depth,
-                     int64_t max_suffix, int64_t min_suffix, int64_t min_count, int64_t *match_len) {
+                     int64_t max_suffix, int64_t min_suffix, int64_t min_count, double spec_factor,
+                     int64_t *match_len) {
     *match_len = 0;
     int64_t start = m;  /* ids outside [0, separator) occur in no document: barriers */
     while (start > 0 && tail[start - 1] >= 0 && tail[start - 1] < d->seplim) start--;
@@ -1105,6 +1106,11 @@ static int draft_one(Drafter *d, const int64_t *tail, int64_t m, int64_t budget,
         }
     }
     *match_len = L;
+    if (spec_factor > 0) {  /* SuffixDecoding's max_spec_factor: no deeper than factor x match */
+        int64_t cap = (int64_t)(spec_factor * (double)L);
+        if (cap < 1) cap = 1;
+        if (cap < max_depth) max_depth = cap;
+    }
     d->nheap = d->npool = d->ntop = 0;
     int64_t seq = 0, popped = 0, n = 0;
     if (!split_node(&d->w, d->sh, d->rng, L, d->seplim, budget, 0, NULL, 0, d->samples, d->density)
@@ -1247,6 +1253,7 @@ static PyObject *int_tuple(const int64_t *v, Py_ssize_t n) {
 typedef struct {
     const int64_t *tails, *toff, *tlen, *budgets, *depths;
     int64_t n, max_suffix, min_suffix, min_count;
+    double spec_factor;  /* > 0: depth <= spec_factor x match length */
     int64_t next;        /* the next context to draft */
     int64_t *who;        /* [n] the thread that drafted context i */
     int64_t *start;      /* [n] its first node in that thread's output; ends at start + size */
@@ -1269,14 +1276,15 @@ static void *work(void *arg) {
         if (i >= b->n || !w->ok) break;
         int64_t before = w->d.nout;
         w->ok = draft_one(&w->d, b->tails + b->toff[i], b->tlen[i], b->budgets[i], b->depths[i],
-                          b->max_suffix, b->min_suffix, b->min_count, &b->match[i]);
+                          b->max_suffix, b->min_suffix, b->min_count, b->spec_factor, &b->match[i]);
         b->who[i] = w->id, b->start[i] = before, b->size[i] = w->d.nout - before;
     }
     return NULL;
 }
 
 /* draft_batch(shards, contexts, budgets, max_depths, max_suffix, min_suffix, seplim, min_count,
- *             samples, density, threads=1) -> (tokens, parents, counts, offsets, match_lens)
+ *             samples, density, threads=1, spec_factor=0) -> (tokens, parents, counts, offsets,
+ *             match_lens); spec_factor > 0 caps each tree's depth at spec_factor x its match length
  * One exact trie per context (budgets, max_depths: an int, or one per context), all drafted with
  * the GIL released, by up to `threads` threads (each tree is drafted by one of them alone, so the
  * trees do not depend on it); out: bytearrays tokens [total] int32, parents [total] int32 (within
@@ -1286,14 +1294,15 @@ static PyObject *py_draft_batch(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *shards_o, *contexts_o, *budgets_o, *depths_o;
     long long max_suffix, min_suffix, seplim, min_count, samples, density, threads = 1;
-    if (!PyArg_ParseTuple(args, "OOOOLLLLLL|L", &shards_o, &contexts_o, &budgets_o, &depths_o,
+    double spec_factor = 0.0;
+    if (!PyArg_ParseTuple(args, "OOOOLLLLLL|Ld", &shards_o, &contexts_o, &budgets_o, &depths_o,
                           &max_suffix, &min_suffix, &seplim, &min_count, &samples, &density,
-                          &threads))
+                          &threads, &spec_factor))
         return NULL;
     if (samples < 1 || density < 1 || min_suffix < 1 || max_suffix < min_suffix || min_count < 1
-        || threads < 1) {
+        || threads < 1 || !(spec_factor >= 0)) {
         PyErr_SetString(PyExc_ValueError, "draft_batch: need samples, density, min_count, threads "
-                                          ">= 1 and 1 <= min_suffix <= max_suffix");
+                                          ">= 1, 1 <= min_suffix <= max_suffix and spec_factor >= 0");
         return NULL;
     }
     Py_ssize_t nsh;
@@ -1309,7 +1318,7 @@ static PyObject *py_draft_batch(PyObject *self, PyObject *args) {
     int64_t *ints = depths ? malloc(sizeof(int64_t) * 7 * (n + 1)) : NULL;
     int64_t *tlen = ints, *toff = ints + (n + 1), *offsets = ints + 2 * (n + 1);
     Batch b = {.n = n, .max_suffix = max_suffix, .min_suffix = min_suffix, .min_count = min_count,
-               .budgets = budgets, .depths = depths, .tlen = tlen, .toff = toff};
+               .spec_factor = spec_factor, .budgets = budgets, .depths = depths, .tlen = tlen, .toff = toff};
     b.match = ints + 3 * (n + 1), b.who = ints + 4 * (n + 1), b.start = ints + 5 * (n + 1);
     b.size = ints + 6 * (n + 1);
     Worker *workers = ints ? calloc(threads, sizeof(Worker)) : NULL;

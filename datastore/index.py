@@ -216,13 +216,18 @@ def draft_from(indexes: Sequence[SuffixIndex], context, budget: int = 64, max_de
 
 def draft_batch(indexes: Sequence[SuffixIndex], contexts: Sequence, budget=64, max_depth=16,
                 max_suffix: int = 16, min_suffix: int = 1, separator: int | None = None,
-                min_count: int = 1, threads: int | None = None) -> list[DraftTree]:
+                min_count: int = 1, threads: int | None = None, spec_factor: float = 0.0
+                ) -> list[DraftTree]:
     """`draft_from` for every context, in one call of the kernel with the GIL released.
 
     budget, max_depth: an int, or one per context. The trees are exactly draft_from's, each
     context drafted on its own: tokens, parents, counts and match_len. threads: how many draft
-    the batch (None: up to DRAFT_THREADS, one per CONTEXTS_PER_THREAD contexts).
+    the batch (None: up to DRAFT_THREADS, one per CONTEXTS_PER_THREAD contexts). spec_factor > 0:
+    a tree grows no deeper than spec_factor x its match length (at least 1), as SuffixDecoding's
+    max_spec_factor bounds its drafts (0: max_depth alone).
     """
+    if not spec_factor >= 0:
+        raise ValueError(f"spec_factor must be >= 0, got {spec_factor}")
     n = len(contexts)
     budgets, depths = _per_context(budget, n, "budget"), _per_context(max_depth, n, "max_depth")
     _check_draft_args(budgets if isinstance(budgets, int) else min(budgets, default=0),
@@ -240,7 +245,8 @@ def draft_batch(indexes: Sequence[SuffixIndex], contexts: Sequence, budget=64, m
     tok, par, cnt, off, match = _kernel.draft_batch(
         tuple([ix.kernel for ix in indexes]), ctxs, budgets, depths, max_suffix, min_suffix,
         NO_SEPARATOR if sep is None else sep, min_count, SAMPLES, DENSITY,
-        max(1, min(DRAFT_THREADS, n // CONTEXTS_PER_THREAD)) if threads is None else threads)
+        max(1, min(DRAFT_THREADS, n // CONTEXTS_PER_THREAD)) if threads is None else threads,
+        float(spec_factor))
     tok = np.frombuffer(tok, dtype=np.int32)  # [total] every tree's nodes, concatenated
     par = np.frombuffer(par, dtype=np.int32)
     cnt = np.frombuffer(cnt, dtype=np.int64)

@@ -270,13 +270,14 @@ class Datastore:
 
     def draft_batch(self, contexts: Sequence, budget: int | Sequence[int] = 64,
                     max_depth: int | Sequence[int] = 16, max_suffix: int = 16, min_suffix: int = 1,
-                    extra_indexes: Sequence[SuffixIndex] = (), min_count: int = 1
-                    ) -> list[DraftTree]:
+                    extra_indexes: Sequence[SuffixIndex] = (), min_count: int = 1,
+                    spec_factor: float = 0.0) -> list[DraftTree]:
         """`draft` for every context (one tree each, in order), in one call of the compiled kernel
-        with the GIL released; budget and max_depth: an int, or one per context."""
+        with the GIL released; budget and max_depth: an int, or one per context; spec_factor > 0
+        caps each tree's depth at that multiple of its match length (`index.draft_batch`)."""
         indexes = self._live_indexes() + list(extra_indexes)
         return draft_batch(indexes, contexts, budget, max_depth, max_suffix, min_suffix,
-                           self.separator, min_count)
+                           self.separator, min_count, spec_factor=spec_factor)
 
     # ------------------------------------------------------------------ lifetime
     def _live_indexes(self) -> list[SuffixIndex]:

@@ -16,10 +16,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
+from decoder.drafters.registry import DEFAULT as DEFAULT_DRAFTERS
+from decoder.drafters.registry import NAMES as DRAFTER_NAMES
+from decoder.drafters.registry import STORE as STORE_DRAFTERS
 from decoder.drafters.retrieval import MIN_COUNT
 from protos.channel import read_token_file
 
-DRAFTER_NAMES = ("retrieval", "reference", "ngram", "lookahead", "recycle")
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
@@ -93,7 +95,7 @@ class GenerateSettings(ModelSettings):
     top_p: float = 1.0
     seed: int | None = None
     budget: int | str = "auto"
-    drafters: tuple[str, ...] = ("retrieval",)
+    drafters: tuple[str, ...] = DEFAULT_DRAFTERS
     references: tuple[str, ...] = ()
     stop: tuple[str, ...] = ()
     insert_output: bool = False
@@ -106,10 +108,11 @@ class GenerateSettings(ModelSettings):
             raise UsageError("give exactly one of --prompt and --prompt-file")
         if self.datastore is not None and self.address is not None:
             raise UsageError("give --datastore (in process) or --address (a server), not both")
-        if "retrieval" in self.drafters and self.datastore is None and self.address is None:
+        store = [d for d in self.drafters if d in STORE_DRAFTERS]
+        if store and self.datastore is None and self.address is None:
             raise UsageError(
-                "the retrieval drafter needs --datastore DIR or --address HOST:PORT "
-                "(or pick --drafters without retrieval)"
+                f"the {' and '.join(store)} drafter{'s need' if len(store) > 1 else ' needs'} --datastore DIR "
+                "or --address HOST:PORT (or pick --drafters without them)"
             )
         if self.datastore is not None and not Path(self.datastore).is_dir():
             raise UsageError(f"--datastore {self.datastore}: no such datastore directory")
@@ -351,8 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
                           f"at least this often, unless the whole 16-token window matches (default "
                           f"{MIN_COUNT}; 1 = the longest match, however rare): a short match seen once "
                           f"drafts one document's continuation, which the model rarely follows")
-    src.add_argument("--drafters", default="retrieval",
-                     help=f"comma-separated sources, any of {','.join(DRAFTER_NAMES)} (default: retrieval)")
+    src.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS),
+                     help=f"comma-separated sources, any of {','.join(DRAFTER_NAMES)} (default: "
+                          f"{','.join(DEFAULT_DRAFTERS)}; retrieval and longest read the datastore)")
     src.add_argument("--reference", dest="references", action="append", default=[],
                      help="a text file the reference drafter may copy from (repeatable)")
     src.add_argument("--insert-output", action="store_true",

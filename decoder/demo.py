@@ -6,7 +6,7 @@ from the datastore — and prints, per prompt and overall, tokens per step, the 
 measured in this run, and whether the outputs are token-for-token identical. Exit status 1 if any
 output differs, 2 for bad input.
 
-    python -m decoder.demo [--prompts 5] [--max-new-tokens 128] [--drafters retrieval,reference,ngram,recycle] [--dtype float32]
+    python -m decoder.demo [--prompts 5] [--max-new-tokens 128] [--drafters retrieval,longest,reference,ngram,recycle] [--dtype float32]
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
-from decoder.cli import DTYPE_NAMES, UsageError, parse_drafters
+from decoder.cli import DEFAULT_DRAFTERS, DRAFTER_NAMES, DTYPE_NAMES, UsageError, parse_drafters
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_STORE = REPO / "data" / "stdlib-smollm2"
@@ -30,7 +30,7 @@ class DemoSettings:
     datastore: Path = DEFAULT_STORE
     model: str = "smollm2"
     dtype: str = "float32"
-    drafters: tuple[str, ...] = ("retrieval", "reference", "ngram", "recycle")
+    drafters: tuple[str, ...] = DEFAULT_DRAFTERS
     budget: int | str = "auto"
     workers: int = 2
 
@@ -127,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datastore", default=str(DEFAULT_STORE),
                    help="datastore directory; built from the stdlib if absent (default data/stdlib-smollm2)")
     p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
-    p.add_argument("--drafters", default="retrieval,reference,ngram,recycle",
-                   help="comma-separated draft sources (retrieval,reference,ngram,lookahead,recycle)")
+    p.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS),
+                   help=f"comma-separated draft sources, any of {','.join(DRAFTER_NAMES)} "
+                        f"(default {','.join(DEFAULT_DRAFTERS)})")
     p.add_argument("--budget", default="auto", help="'auto' (cost model) or a fixed number of tree tokens")
     p.add_argument("--workers", type=int, default=2, help="tokenizer processes for the first build")
     return p

@@ -112,10 +112,11 @@ class SpeculativeDecoder:
     @classmethod
     def from_pretrained(
         cls, spec: str = "smollm2", gguf_file: str | None = None, datastore=None, address: str | None = None,
-        drafters=("retrieval",), budget="auto", device=None, dtype=None, drafter_options=None,
+        drafters=None, budget="auto", device=None, dtype=None, drafter_options=None,
         **settings_kw,
     ) -> "SpeculativeDecoder":
-        """drafter_options: {drafter name: constructor keywords}, e.g. {"retrieval": {"min_count": 4}}."""
+        """drafters: names (decoder.drafters.registry; None = its DEFAULT set) or Drafter objects;
+        drafter_options: {drafter name: constructor keywords}, e.g. {"retrieval": {"min_count": 4}}."""
         from decoder.drafters.registry import make_drafters
         from decoder.models import load_model
 
@@ -125,6 +126,9 @@ class SpeculativeDecoder:
         settings = DecoderSettings(budget=budget, device=device, dtype=dtype, **settings_kw)
         model, tokenizer = load_model(spec, gguf_file=gguf_file, dtype=settings.dtype, device=device,
                                       pack=settings.packed_linears)
+        from decoder.drafters.registry import DEFAULT
+
+        drafters = DEFAULT if drafters is None else drafters
         names = [d for d in drafters if isinstance(d, str)]
         objects = [d for d in drafters if not isinstance(d, str)]
         made = make_drafters(names, datastore=datastore, address=address, tokenizer=tokenizer,

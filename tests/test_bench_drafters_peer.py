@@ -17,10 +17,11 @@ def test_variants_add_the_fixed_budget_runs():
 
 
 def test_method_drafters():
-    assert bdr.method_drafters("default") == ["retrieval", "reference", "ngram", "recycle"]
+    assert bdr.method_drafters("default") == ["retrieval", "longest", "reference", "ngram", "recycle"]
     assert bdr.method_drafters("default@64") == bdr.method_drafters("default")
     assert bdr.method_drafters("all") == list(bdr.SOURCES)
     assert bdr.uses_store(f"{bdr.PEER}@64") and bdr.uses_store("all") and not bdr.uses_store("ngram")
+    assert bdr.uses_store("longest") and bdr.uses_store("default@64")
 
 
 def summary(tps, tok_s, speedup, nodes):
@@ -64,3 +65,14 @@ def test_markdown_says_make_peers_when_the_peer_is_not_built():
     md = bdr.markdown(res)
     assert "run `make peers`" in md and bdr.peer_comparison(res) == []
     assert "SuffixDecoding" not in bdr.markdown(results({"requested": False}, {"default": summary(3, 5, 2, 1)}))
+
+
+def test_ours_is_compared_with_the_peer_at_its_faster_setting():
+    """SuffixDecoding's whole tree verified (the fixed budget, as vLLM verifies it) can beat its
+    drafts cut by our cost model: the tok/s verdict takes the faster of the two."""
+    methods = {"default": summary(3.0, 50.0, 2.5, 10.0), bdr.PEER: summary(2.0, 40.0, 2.0, 3.5),
+               "default@64": summary(5.0, 30.0, 1.5, 63.0), f"{bdr.PEER}@64": summary(2.5, 55.0, 2.7, 4.0)}
+    res = results({"requested": True, "built": True, "settings": {}}, methods)
+    row = bdr.peer_comparison(res)[0]
+    assert row["peer_best"] == "fixed" and row["ratios"]["tokens_per_second"] == pytest.approx(50 / 55)
+    assert not row["targets"]["tokens_per_second"][2]

@@ -120,7 +120,7 @@ def test_tokenizer_mismatch(setup, capsys, tmp_path, smollm2_tokenizer):
 def test_unknown_drafter(setup, capsys):
     expect_usage_error(capsys, ["generate", "--model", str(setup.model_dir), "--datastore",
                                 str(setup.store), "--prompt", "x", "--drafters", "retrieval,magic"],
-                       "'magic'", "retrieval,reference,ngram,lookahead,recycle")
+                       "'magic'", "retrieval,longest,reference,ngram,lookahead,recycle")
 
 
 @pytest.mark.parametrize("extra, needle", [
