@@ -87,3 +87,23 @@ def test_topk_attribute_asks_the_decoder_for_successors():
 def test_settings_are_validated(kwargs, field):
     with pytest.raises(ValueError, match=field):
         RecycleSettings(**kwargs)
+
+
+@pytest.mark.parametrize("weights", [(0.5, 0.15, 0.08, 0.05, 0.04, 0.03, 0.02, 0.02), (0.5, 0.2, 0.2, 0.1),
+                                     (0.3, 0.3, 0.3), (0.9,)])
+def test_templates_cut_from_the_shared_expansion_equal_a_direct_one(weights):
+    """template() takes the first `budget` nodes of one expansion per depth cap: the same arrays
+    as expanding best-first for that budget alone (ties included: equal weights)."""
+    from datastore.tree import expand_best_first
+    from decoder.drafters._util import SCALE, tree_depths
+    from decoder.drafters.recycle import template
+
+    def children(weight):
+        return [(r, max(1, int(weight * w)), max(1, int(weight * w))) for r, w in enumerate(weights)]
+
+    for budget in (1, 7, 64, 300, 4096):
+        for depth in (1, 2, 3, 5, 8):
+            ranks, parents, counts = expand_best_first(children(SCALE), children, budget, depth)
+            want = (ranks, parents, tree_depths(parents.astype(np.int64)), counts)
+            got = template.__wrapped__(weights, budget, depth)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want)), (budget, depth)
