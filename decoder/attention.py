@@ -117,7 +117,8 @@ def build_batch(
     s = valid.shape[1]
     mask = torch.empty((b, 1, q, s + q), dtype=dtype, device=device)
     # float32 0 / dtype-min converts exactly into `dtype` (its min is a float32 value)
-    mask[:, 0, :, :s] = torch.where(valid.to(device), 0.0, lowest)[:, None, :]
+    prefix = torch.from_numpy(np.where(valid.cpu().numpy(), np.float32(0), np.float32(lowest)))  # [B, S] on the host
+    mask[:, 0, :, :s] = prefix.to(device)[:, None, :]
     mask[:, 0, :, s:] = torch.where(torch.from_numpy(block).to(device), 0.0, lowest)
     return torch.from_numpy(ids).to(device), torch.from_numpy(pos).to(device), mask, ids
 

@@ -91,7 +91,7 @@ def commit_lengths(tokens: np.ndarray, length: np.ndarray, remaining: np.ndarray
     reason = np.where(n == remaining, 1, 0)  # 1 = length
     if eos.shape[0]:
         inside = np.arange(tokens.shape[1])[None, :] < n[:, None]  # [B, D+1]
-        is_eos = np.isin(tokens, eos) & inside
+        is_eos = (tokens[:, :, None] == eos).any(axis=2) & inside  # eos: 1-3 ids; np.isin cost ~70 us
         hit = is_eos.any(axis=1)
         n = np.where(hit, np.argmax(is_eos, axis=1) + 1, n)
         reason = np.where(hit, 2, reason)

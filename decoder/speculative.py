@@ -502,7 +502,7 @@ class SpeculativeDecoder:
         slot = 1 + np.where(path >= 0, step.kept.local[np.maximum(path, 0)], -1)  # [B, D] 0 = hole
         idx = np.concatenate((np.zeros((b, 1), dtype=np.int64), slot), axis=1)  # [B, 1 + D]
         new_valid = np.arange(idx.shape[1])[None, :] < (1 + length)[:, None]
-        kv.keep_new(cache, old_len, torch.from_numpy(idx))
+        kv.keep_new(cache, old_len, idx)
         return np.concatenate([valid, new_valid], axis=1)  # [B, S + 1 + D] bool
 
     def _drop_finished(self, cache, valid: np.ndarray, rows: list[Row]):
