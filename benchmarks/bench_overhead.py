@@ -59,7 +59,10 @@ import numpy as np
 import torch
 
 from benchmarks import decoding as bd
-from decoder.drafters.registry import DEFAULT as DEFAULT_SOURCES
+try:
+    from decoder.drafters.registry import DEFAULT as DEFAULT_SOURCES
+except ImportError:  # a decoder from before registry.DEFAULT (run with --label before): its four sources
+    DEFAULT_SOURCES = ("retrieval", "reference", "ngram", "recycle")
 
 SOURCE_SETS = {
     "none": (),
