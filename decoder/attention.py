@@ -30,14 +30,6 @@ class RowInput:
     depths: np.ndarray  # [n] int64 >= 1
     side: SideBranch | None = None
 
-    @property
-    def n_side(self) -> int:
-        return 0 if self.side is None else int(self.side.tokens.shape[0])
-
-    @property
-    def width(self) -> int:
-        return 1 + int(self.tokens.shape[0]) + self.n_side
-
 
 def ancestor_matrix(parents: np.ndarray, depths: np.ndarray) -> np.ndarray:
     """[n, n] bool, a[i, j] = node j is node i or one of its ancestors (level order)."""

@@ -254,8 +254,3 @@ def subtree(tree: MergedTree, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     """One row's kept nodes re-indexed: (tokens [k] int64, parents [k] int64 local, -1 root; depths [k])."""
     k = kept_nodes(tree, keep)
     return k.tokens, np.where(k.parents >= 0, k.local[np.maximum(k.parents, 0)], -1), k.depths
-
-
-def sorted_path_probs(tree: MergedTree, limit: int) -> np.ndarray:
-    """[<= limit] path probabilities of a one-row tree, descending (what the cost model needs)."""
-    return np.sort(tree.path_p)[::-1][:limit]
