@@ -35,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from datastore.tree import DraftTree
+from datastore.tree import DraftTree, trusted
 
 try:
     from datastore import _kernel
@@ -250,7 +250,7 @@ def draft_batch(indexes: Sequence[SuffixIndex], contexts: Sequence, budget=64, m
     tok = np.frombuffer(tok, dtype=np.int32)  # [total] every tree's nodes, concatenated
     par = np.frombuffer(par, dtype=np.int32)
     cnt = np.frombuffer(cnt, dtype=np.int64)
-    return [_kernel_tree(tok[a:b], par[a:b], cnt[a:b], m)  # off: n + 1 ints, match: n ints
+    return [trusted(tok[a:b], par[a:b], cnt[a:b], m, "retrieval")  # off: n + 1 ints, match: n ints
             for a, b, m in zip(off, off[1:], match)]
 
 
@@ -267,23 +267,6 @@ def _per_context(value, n: int, name: str) -> int | list[int]:
     if len(values) != n:
         raise ValueError(f"{name}: {len(values)} values for {n} contexts")
     return values
-
-_TREE_FIELDS = ("tokens", "parents", "counts", "match_len", "source")
-_TREE_DICT = not hasattr(DraftTree, "__slots__")  # a plain dataclass: its fields live in __dict__
-
-
-def _kernel_tree(tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, match_len: int
-                 ) -> DraftTree:
-    """A DraftTree from the kernel's arrays (already int32/int32/int64, contiguous, parents before
-    children), without DraftTree's checks: they cost ~12 us a tree, more than many drafts."""
-    tree = object.__new__(DraftTree)
-    if _TREE_DICT:
-        tree.__dict__.update(tokens=tokens, parents=parents, counts=counts, match_len=match_len,
-                             source="retrieval")
-    else:  # pragma: no cover - a DraftTree with __slots__
-        for name, value in zip(_TREE_FIELDS, (tokens, parents, counts, match_len, "retrieval")):
-            object.__setattr__(tree, name, value)
-    return tree
 
 
 def backoff_match(indexes: Sequence[SuffixIndex], tail: list[int], min_suffix: int, L: int,

@@ -563,20 +563,30 @@ static PyObject *py_width(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(q);
 }
 
-/* inputs(tokens, parents, depths, starts, roots, bases, m, pad_id, ids [B, q], pos [B, q],
- * block [B, q, q] bool): the ids, positions and ancestor block of build_batch (side branches
- * excepted: m[r] counts their slots as real). */
+/* One additive mask value: 0 (attend) or `low` (the dtype's lowest), as the bit pattern of a 2- or
+ * 4-byte float. */
+static inline void put_bits(void *buf, int64_t i, int size, uint32_t bits) {
+    if (size == 2) ((uint16_t *)buf)[i] = (uint16_t)bits;
+    else ((uint32_t *)buf)[i] = bits;
+}
+
+/* inputs(tokens, parents, depths, starts, roots, bases, m, pad_id, valid [B, S] bool, low_bits,
+ * ids_pos [2, B, q] int64, mask [B, S + q * q] of 2- or 4-byte floats): the ids, positions and the
+ * additive mask of build_batch in one host buffer per row, the committed prefix's mask (valid:
+ * 0, else the dtype's lowest) then the [q, q] block of the new slots (side branches excepted:
+ * m[r] counts their slots as real). Each slot attends itself (padding: itself and the prefix),
+ * every real slot the last committed token, each node its ancestors. */
 static PyObject *py_inputs(PyObject *self, PyObject *args) {
-    PyObject *o_tok, *o_par, *o_dep, *o_starts, *o_roots, *o_bases, *o_m, *o_ids, *o_pos, *o_block;
-    long long pad;
-    if (!PyArg_ParseTuple(args, "OOOOOOOLOOO", &o_tok, &o_par, &o_dep, &o_starts, &o_roots, &o_bases, &o_m,
-                          &pad, &o_ids, &o_pos, &o_block))
+    PyObject *o_tok, *o_par, *o_dep, *o_starts, *o_roots, *o_bases, *o_m, *o_valid, *o_ip, *o_mask;
+    long long pad, low;
+    if (!PyArg_ParseTuple(args, "OOOOOOOLOLOO", &o_tok, &o_par, &o_dep, &o_starts, &o_roots, &o_bases, &o_m,
+                          &pad, &o_valid, &low, &o_ip, &o_mask))
         return NULL;
     Views vs = {.n = 0};
-    int64_t k, k2, k3, b1, br, bb, bm, nids, npos, nblock;
+    int64_t k, k2, k3, b1, br, bb, bm, nvalid, nip;
     const int64_t *tok, *par, *dep, *starts, *roots, *bases, *m;
-    int64_t *ids, *pos;
-    char *block;
+    const char *valid;
+    int64_t *ip;
     if (!(tok = view(&vs, o_tok, 'q', 0, &k, "tokens"))) return fail(&vs);
     if (!(par = view(&vs, o_par, 'q', 0, &k2, "parents"))) return fail(&vs);
     if (!(dep = view(&vs, o_dep, 'q', 0, &k3, "depths"))) return fail(&vs);
@@ -584,35 +594,43 @@ static PyObject *py_inputs(PyObject *self, PyObject *args) {
     if (!(roots = view(&vs, o_roots, 'q', 0, &br, "roots"))) return fail(&vs);
     if (!(bases = view(&vs, o_bases, 'q', 0, &bb, "bases"))) return fail(&vs);
     if (!(m = view(&vs, o_m, 'q', 0, &bm, "m"))) return fail(&vs);
-    if (!(ids = view(&vs, o_ids, 'q', 1, &nids, "ids"))) return fail(&vs);
-    if (!(pos = view(&vs, o_pos, 'q', 1, &npos, "pos"))) return fail(&vs);
-    if (!(block = view(&vs, o_block, '?', 1, &nblock, "block"))) return fail(&vs);
+    if (!(valid = view(&vs, o_valid, '?', 0, &nvalid, "valid"))) return fail(&vs);
+    if (!(ip = view(&vs, o_ip, 'q', 1, &nip, "ids_pos"))) return fail(&vs);
+    Py_buffer *mb = &vs.v[vs.n];  /* the mask: any 2- or 4-byte items, written as raw bits */
+    if (PyObject_GetBuffer(o_mask, mb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return fail(&vs);
+    vs.n++;
+    int size = (int)mb->itemsize;
     int64_t b = b1 - 1;
-    if (k2 != k || k3 != k || b < 0 || br != b || bb != b || bm != b) return raise(&vs, E_SHAPE);
-    int64_t q = b ? nids / b : 0;
-    if (nids != b * q || npos != b * q || nblock != b * q * q || (b && (starts[0] != 0 || starts[b] != k)))
+    if (k2 != k || k3 != k || b < 0 || br != b || bb != b || bm != b || (size != 2 && size != 4))
         return raise(&vs, E_SHAPE);
+    int64_t q = b ? nip / (2 * b) : 0, S = b ? nvalid / b : 0, row_len = S + q * q;
+    if (nip != 2 * b * q || nvalid != b * S || (int64_t)(mb->len / size) != b * row_len
+        || (b && (starts[0] != 0 || starts[b] != k)))
+        return raise(&vs, E_SHAPE);
+    void *mask = mb->buf;
+    uint32_t lo_bits = (uint32_t)low;
     int err = OK;
     Py_BEGIN_ALLOW_THREADS
-    memset(block, 0, (size_t)(b * q * q));
     for (int64_t r = 0; r < b && !err; r++) {
         int64_t lo = starts[r], hi = starts[r + 1], real = 1 + hi - lo + m[r];
         if (hi < lo || real > q || m[r] < 0) { err = E_SLOT; break; }
-        int64_t *ir = ids + r * q, *pr = pos + r * q;
-        char *br_ = block + r * q * q;
+        int64_t *ir = ip + r * q, *pr = ip + (b + r) * q;
+        int64_t row0 = r * row_len, blk = row0 + S;
+        const char *vr = valid + r * S;
+        for (int64_t j = 0; j < S; j++) put_bits(mask, row0 + j, size, vr[j] ? 0u : lo_bits);
+        for (int64_t j = 0; j < q * q; j++) put_bits(mask, blk + j, size, lo_bits);
         ir[0] = roots[r];
         for (int64_t j = 1; j < q; j++) ir[j] = pad;
         for (int64_t j = 0; j < q; j++) pr[j] = bases[r];
-        for (int64_t j = 0; j < q; j++) br_[j * q + j] = 1;
-        for (int64_t j = 0; j < real; j++) br_[j * q] = 1;
+        for (int64_t j = 0; j < q; j++) put_bits(mask, blk + j * q + j, size, 0u);
+        for (int64_t j = 0; j < real; j++) put_bits(mask, blk + j * q, size, 0u);
         for (int64_t i = lo; i < hi; i++) {
             int64_t s = 1 + i - lo;
             ir[s] = tok[i];
             pr[s] = bases[r] + dep[i];
-            char *rowp = br_ + s * q;
             for (int64_t u = par[i]; u >= 0; u = par[u]) {
                 if (u < lo || u >= i) { err = E_PARENT; break; }
-                rowp[1 + u - lo] = 1;
+                put_bits(mask, blk + s * q + 1 + u - lo, size, 0u);
             }
             if (err) break;
         }
@@ -718,6 +736,276 @@ static PyObject *py_accept_fill(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------------ after the forward */
+
+/* cut(tokens [B, W + 1], length [B], remaining [B], eos [e], n_out [B], reason_out [B]): how many
+ * of each row's accepted tokens + bonus to commit: at most remaining, up to and including the
+ * first EOS. reason: 0 go on, 1 length, 2 eos (commit_lengths). */
+static PyObject *py_cut(PyObject *self, PyObject *args) {
+    PyObject *o_tok, *o_len, *o_rem, *o_eos, *o_n, *o_reason;
+    if (!PyArg_ParseTuple(args, "OOOOOO", &o_tok, &o_len, &o_rem, &o_eos, &o_n, &o_reason)) return NULL;
+    Views vs = {.n = 0};
+    int64_t nt, b, br, ne, bn, bz;
+    const int64_t *tok, *len, *rem, *eos;
+    int64_t *n, *reason;
+    if (!(tok = view(&vs, o_tok, 'q', 0, &nt, "tokens"))) return fail(&vs);
+    if (!(len = view(&vs, o_len, 'q', 0, &b, "length"))) return fail(&vs);
+    if (!(rem = view(&vs, o_rem, 'q', 0, &br, "remaining"))) return fail(&vs);
+    if (!(eos = view(&vs, o_eos, 'q', 0, &ne, "eos"))) return fail(&vs);
+    if (!(n = view(&vs, o_n, 'q', 1, &bn, "n"))) return fail(&vs);
+    if (!(reason = view(&vs, o_reason, 'q', 1, &bz, "reason"))) return fail(&vs);
+    int64_t w1 = b ? nt / b : 0;
+    if (br != b || bn != b || bz != b || nt != b * w1) return raise(&vs, E_SHAPE);
+    int err = OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t r = 0; r < b; r++) {
+        int64_t k = len[r] + 1 < rem[r] ? len[r] + 1 : rem[r];
+        if (len[r] < 0 || len[r] + 1 > w1) { err = E_SHAPE; break; }
+        int64_t why = k == rem[r] ? 1 : 0;
+        const int64_t *t = tok + r * w1;
+        for (int64_t j = 0; j < k && ne; j++) {
+            int64_t hit = 0;
+            for (int64_t e = 0; e < ne; e++) hit |= t[j] == eos[e];
+            if (hit) { k = j + 1, why = 2; break; }
+        }
+        n[r] = k, reason[r] = why;
+    }
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    Py_RETURN_NONE;
+}
+
+/* compact(kept_local [k], path [B, W], length [B], idx_out [B, 1 + W], valid_out [B, 1 + W] bool)
+ * -> whether idx is 0, 1, ..., W on every row (a crop keeps the cache right): the new cache slots
+ * each row keeps, its last committed token (slot 0) then its accepted path (slot 1 + local),
+ * holes (index 0, not valid) after the path. */
+static PyObject *py_compact(PyObject *self, PyObject *args) {
+    PyObject *o_local, *o_path, *o_len, *o_idx, *o_valid;
+    if (!PyArg_ParseTuple(args, "OOOOO", &o_local, &o_path, &o_len, &o_idx, &o_valid)) return NULL;
+    Views vs = {.n = 0};
+    int64_t k, np_, b, ni, nv;
+    const int64_t *local, *path, *len;
+    int64_t *idx;
+    char *valid;
+    if (!(local = view(&vs, o_local, 'q', 0, &k, "kept_local"))) return fail(&vs);
+    if (!(path = view(&vs, o_path, 'q', 0, &np_, "path"))) return fail(&vs);
+    if (!(len = view(&vs, o_len, 'q', 0, &b, "length"))) return fail(&vs);
+    if (!(idx = view(&vs, o_idx, 'q', 1, &ni, "idx"))) return fail(&vs);
+    if (!(valid = view(&vs, o_valid, '?', 1, &nv, "valid"))) return fail(&vs);
+    int64_t w = b ? np_ / b : 0;
+    if (np_ != b * w || ni != b * (w + 1) || nv != ni) return raise(&vs, E_SHAPE);
+    int err = OK, prefix = 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t r = 0; r < b && !err; r++) {
+        const int64_t *pr = path + r * w;
+        int64_t *ir = idx + r * (w + 1);
+        char *vr = valid + r * (w + 1);
+        if (len[r] < 0 || len[r] > w) { err = E_SHAPE; break; }
+        ir[0] = 0;
+        for (int64_t j = 0; j < w; j++) {
+            int64_t node = pr[j];
+            if (node >= k) { err = E_SLOT; break; }
+            ir[1 + j] = node >= 0 ? 1 + local[node] : 0;
+        }
+        for (int64_t j = 0; j <= w; j++) {
+            vr[j] = j < 1 + len[r];
+            prefix &= ir[j] == j;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    return PyBool_FromLong(prefix);
+}
+
+/* credit(sources [n], kept_merged [k], path [B, W], n [B], side_bits, hits_out [B, S] int64 zeroed,
+ * only_side_out [B] float64): per row the committed draft tokens each source proposed, and how
+ * many only side-branch sources proposed. */
+static PyObject *py_credit(PyObject *self, PyObject *args) {
+    PyObject *o_src, *o_km, *o_path, *o_n, *o_hits, *o_only;
+    long long side;
+    if (!PyArg_ParseTuple(args, "OOOOLOO", &o_src, &o_km, &o_path, &o_n, &side, &o_hits, &o_only)) return NULL;
+    Views vs = {.n = 0};
+    int64_t nm, k, np_, b, nh, bo;
+    const int64_t *src, *km, *path, *n;
+    int64_t *hits;
+    double *only;
+    if (!(src = view(&vs, o_src, 'q', 0, &nm, "sources"))) return fail(&vs);
+    if (!(km = view(&vs, o_km, 'q', 0, &k, "kept_merged"))) return fail(&vs);
+    if (!(path = view(&vs, o_path, 'q', 0, &np_, "path"))) return fail(&vs);
+    if (!(n = view(&vs, o_n, 'q', 0, &b, "n"))) return fail(&vs);
+    if (!(hits = view(&vs, o_hits, 'q', 1, &nh, "hits"))) return fail(&vs);
+    if (!(only = view(&vs, o_only, 'd', 1, &bo, "only_side"))) return fail(&vs);
+    int64_t w = b ? np_ / b : 0, S = b ? nh / b : 0;
+    if (np_ != b * w || nh != b * S || bo != b || S > 63) return raise(&vs, E_SHAPE);
+    int err = OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t r = 0; r < b && !err; r++) {
+        double side_only = 0.0;
+        for (int64_t j = 0; j < w && j < n[r]; j++) {
+            int64_t node = path[r * w + j];
+            if (node < 0) continue;
+            if (node >= k || km[node] < 0 || km[node] >= nm) { err = E_SLOT; break; }
+            int64_t bits = src[km[node]];
+            side_only += (bits & side) != 0 && (bits & ~side) == 0;
+            for (int64_t s = 0; s < S; s++) hits[r * S + s] += (bits >> s) & 1;
+        }
+        only[r] = side_only;
+    }
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    Py_RETURN_NONE;
+}
+
+/* after(parents [n], starts [B + 1], kept_merged [k], path [B, W], tokens [B, W + 1], out [n]):
+ * the model's token after each merged node's parent (the root: its first token), -1 where the
+ * model did not go through the parent (see decoder.calibration). */
+static PyObject *py_after(PyObject *self, PyObject *args) {
+    PyObject *o_par, *o_starts, *o_km, *o_path, *o_tok, *o_out;
+    if (!PyArg_ParseTuple(args, "OOOOOO", &o_par, &o_starts, &o_km, &o_path, &o_tok, &o_out)) return NULL;
+    Views vs = {.n = 0};
+    int64_t n, b1, k, np_, nt, no;
+    const int64_t *par, *starts, *km, *path, *tok;
+    int64_t *out;
+    if (!(par = view(&vs, o_par, 'q', 0, &n, "parents"))) return fail(&vs);
+    if (!(starts = view(&vs, o_starts, 'q', 0, &b1, "starts"))) return fail(&vs);
+    if (!(km = view(&vs, o_km, 'q', 0, &k, "kept_merged"))) return fail(&vs);
+    if (!(path = view(&vs, o_path, 'q', 0, &np_, "path"))) return fail(&vs);
+    if (!(tok = view(&vs, o_tok, 'q', 0, &nt, "tokens"))) return fail(&vs);
+    if (!(out = view(&vs, o_out, 'q', 1, &no, "out"))) return fail(&vs);
+    int64_t b = b1 - 1, w = b > 0 ? np_ / b : 0;
+    if (b < 0 || no != n || np_ != b * w || nt != b * (w + 1) || (b && (starts[0] != 0 || starts[b] != n)))
+        return raise(&vs, E_SHAPE);
+    int err = OK;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t *chosen = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!chosen) err = E_NOMEM;
+    for (int64_t i = 0; i < n && !err; i++) chosen[i] = -1;
+    for (int64_t r = 0; r < b && !err; r++)
+        for (int64_t j = 0; j < w; j++) {
+            int64_t node = path[r * w + j];
+            if (node < 0) continue;
+            if (node >= k || km[node] < 0 || km[node] >= n) { err = E_SLOT; break; }
+            chosen[km[node]] = tok[r * (w + 1) + j + 1];
+        }
+    for (int64_t r = 0; r < b && !err; r++)
+        for (int64_t i = starts[r]; i < starts[r + 1]; i++) {
+            if (par[i] >= n) { err = E_PARENT; break; }
+            out[i] = par[i] >= 0 ? chosen[par[i]] : tok[r * (w + 1)];
+        }
+    free(chosen);
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    Py_RETURN_NONE;
+}
+
+/* calibrate(tokens [n], depths [n], starts [B + 1], raw_p [n, S], bins [n, S], after [n], decay,
+ * predicted [S, D, E], hits [S, D, E]) -> rows updated: Calibration.update_rows in place. Each row
+ * with a tested node (after >= 0) decays the sums once, in row order; the additions run source
+ * by source, node by node, as numpy's add.at over np.nonzero((raw_p > 0).T) did: bit-identical. */
+static PyObject *py_calibrate(PyObject *self, PyObject *args) {
+    PyObject *o_tok, *o_dep, *o_starts, *o_raw, *o_bins, *o_after, *o_pred, *o_hits;
+    double decay;
+    if (!PyArg_ParseTuple(args, "OOOOOOdOO", &o_tok, &o_dep, &o_starts, &o_raw, &o_bins, &o_after, &decay,
+                          &o_pred, &o_hits))
+        return NULL;
+    Views vs = {.n = 0};
+    int64_t n, n2, b1, nr, nb, na, npred, nhits;
+    const int64_t *tok, *dep, *starts, *bins, *after;
+    const double *raw;
+    double *pred, *hits;
+    if (!(tok = view(&vs, o_tok, 'q', 0, &n, "tokens"))) return fail(&vs);
+    if (!(dep = view(&vs, o_dep, 'q', 0, &n2, "depths"))) return fail(&vs);
+    if (!(starts = view(&vs, o_starts, 'q', 0, &b1, "starts"))) return fail(&vs);
+    if (!(raw = view(&vs, o_raw, 'd', 0, &nr, "raw_p"))) return fail(&vs);
+    if (!(bins = view(&vs, o_bins, 'q', 0, &nb, "bins"))) return fail(&vs);
+    if (!(after = view(&vs, o_after, 'q', 0, &na, "after"))) return fail(&vs);
+    if (!(pred = view(&vs, o_pred, 'd', 1, &npred, "predicted"))) return fail(&vs);
+    if (!(hits = view(&vs, o_hits, 'd', 1, &nhits, "hits"))) return fail(&vs);
+    int64_t b = b1 - 1, S = n ? nr / n : 0;
+    int64_t cells = S ? npred / S : 0, D = cells / EVIDENCE_BINS;
+    if (b < 0 || n2 != n || na != n || nb != nr || nr != n * S || nhits != npred || npred != S * D * EVIDENCE_BINS
+        || (n && D < 1) || (b && (starts[0] != 0 || starts[b] != n)))
+        return raise(&vs, E_SHAPE);
+    int err = OK;
+    int64_t u = 0;
+    Py_BEGIN_ALLOW_THREADS
+    double *weight = malloc(sizeof(double) * (size_t)(b + 1));  /* [B] decay ** (rows updating after r) */
+    int64_t *row = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!weight || !row) err = E_NOMEM;
+    for (int64_t r = 0; r < b && !err; r++) {
+        int64_t any = 0;
+        for (int64_t i = starts[r]; i < starts[r + 1]; i++) {
+            row[i] = r;
+            any |= after[i] >= 0;
+        }
+        weight[r] = (double)any;  /* mark; turned into the weight below */
+        u += any;
+    }
+    for (int64_t i = 0; i < n * S && !err; i++)
+        if (bins[i] < 0 || bins[i] >= EVIDENCE_BINS) err = E_SLOT;
+    if (!err && u) {
+        int64_t seen = 0;
+        for (int64_t r = 0; r < b; r++) {
+            seen += weight[r] != 0.0;
+            weight[r] = pow(decay, (double)(u - seen));
+        }
+        double f = pow(decay, (double)u);
+        for (int64_t c = 0; c < npred; c++) pred[c] *= f;
+        for (int64_t c = 0; c < npred; c++) hits[c] *= f;
+        for (int64_t s = 0; s < S; s++)
+            for (int64_t i = 0; i < n; i++) {
+                double p = raw[i * S + s];
+                if (after[i] < 0 || !(p > 0)) continue;
+                int64_t col = (dep[i] < D ? dep[i] : D) - 1;
+                if (col < 0) col += D;  /* numpy's negative index: depth 0 reads the last column */
+                int64_t c = (s * D + col) * EVIDENCE_BINS + bins[i * S + s];
+                double w = weight[row[i]];
+                pred[c] += p * w;
+                hits[c] += (tok[i] == after[i] ? 1.0 : 0.0) * w;
+            }
+    }
+    free(weight);
+    free(row);
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    return PyLong_FromLongLong(u);
+}
+
+/* factors(hits [S, D, E], predicted [S, D, E], prior, max_factor, out [S, D, E]): Calibration.factors,
+ * bit-identical: the bin sums in numpy's pairwise order for E = 8. */
+static PyObject *py_factors(PyObject *self, PyObject *args) {
+    PyObject *o_hits, *o_pred, *o_out;
+    double prior, max_factor;
+    if (!PyArg_ParseTuple(args, "OOddO", &o_hits, &o_pred, &prior, &max_factor, &o_out)) return NULL;
+    Views vs = {.n = 0};
+    int64_t nh, np_, no;
+    const double *h, *p;
+    double *out;
+    if (!(h = view(&vs, o_hits, 'd', 0, &nh, "hits"))) return fail(&vs);
+    if (!(p = view(&vs, o_pred, 'd', 0, &np_, "predicted"))) return fail(&vs);
+    if (!(out = view(&vs, o_out, 'd', 1, &no, "out"))) return fail(&vs);
+    if (np_ != nh || no != nh || nh % EVIDENCE_BINS) return raise(&vs, E_SHAPE);
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t c = 0; c < nh; c += EVIDENCE_BINS) {
+        const double *a = h + c, *q = p + c;
+        double hs = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+        double ps = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]));
+        double pooled = (hs + prior) / (ps + prior);
+        for (int e = 0; e < EVIDENCE_BINS; e++) {
+            double f = (a[e] + prior * pooled) / (q[e] + prior);
+            out[c + e] = f < 0.0 ? 0.0 : (f > max_factor ? max_factor : f);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    views_release(&vs);
+    Py_RETURN_NONE;
+}
+
 /* ---------------------------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -731,10 +1019,17 @@ static PyMethodDef methods[] = {
     {"kept", py_kept, METH_VARARGS, "kept(tokens, parents, depths, starts, keep, out [5, k], kept_starts [B + 1])."},
     {"width", py_width, METH_VARARGS, "width(starts, m) -> max_r 1 + n_r + m_r."},
     {"inputs", py_inputs, METH_VARARGS,
-     "inputs(tokens, parents, depths, starts, roots, bases, m, pad_id, ids, pos, block)."},
+     "inputs(tokens, parents, depths, starts, roots, bases, m, pad_id, valid, low_bits, ids_pos, mask)."},
     {"accept", py_accept, METH_VARARGS, "accept(tokens, parents, depths, starts, argmax, best, length) -> width."},
     {"accept_fill", py_accept_fill, METH_VARARGS,
      "accept_fill(tokens, parents, starts, argmax, best, length, path, out)."},
+    {"cut", py_cut, METH_VARARGS, "cut(tokens, length, remaining, eos, n_out, reason_out)."},
+    {"compact", py_compact, METH_VARARGS, "compact(kept_local, path, length, idx_out, valid_out) -> prefix."},
+    {"credit", py_credit, METH_VARARGS, "credit(sources, kept_merged, path, n, side_bits, hits_out, only_side_out)."},
+    {"after", py_after, METH_VARARGS, "after(parents, starts, kept_merged, path, tokens, out)."},
+    {"calibrate", py_calibrate, METH_VARARGS,
+     "calibrate(tokens, depths, starts, raw_p, bins, after, decay, predicted, hits) -> rows updated."},
+    {"factors", py_factors, METH_VARARGS, "factors(hits, predicted, prior, max_factor, out)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -38,28 +38,30 @@ def seq_length(cache: DynamicCache) -> int:
     return int(cache.get_seq_length())
 
 
-def keep_new(cache: DynamicCache, old_len: int, keep: torch.Tensor | np.ndarray) -> None:
+def keep_new(cache: DynamicCache, old_len: int, keep: torch.Tensor | np.ndarray, crop: bool | None = None) -> None:
     """Keep the old_len old slots, then for row b the new slots keep[b] (indices into the new part).
 
     keep: [B, K] int64 (rows keeping fewer slots repeat an index; the caller masks those holes).
-    The gathered slots are written over the start of the new part in place and the rest cut off:
-    no copy of the old slots (the next forward's concatenation copies them anyway).
+    crop: whether keep is 0..K-1 on every row (a chain accepted from its start), when the caller
+    knows; else checked here. The gathered slots are written over the start of the new part in
+    place and the rest cut off: no copy of the old slots (the next forward's concatenation
+    copies them anyway).
     """
     assert keep.ndim == 2, f"keep must be [B, K], got {tuple(keep.shape)}"
     width = keep.shape[1]
-    # kept slots already the first K new ones (a chain accepted from its start): a crop suffices
     if isinstance(keep, np.ndarray):  # checked on the host: torch.equal cost ~30 us a step
-        prefix = bool((keep == np.arange(width)).all())
+        if crop is None:
+            crop = bool((keep == np.arange(width)).all())
         keep = torch.from_numpy(keep)
-    else:
-        prefix = bool(torch.equal(keep, torch.arange(width, device=keep.device).expand_as(keep)))
+    elif crop is None:
+        crop = bool(torch.equal(keep, torch.arange(width, device=keep.device).expand_as(keep)))
     for layer in layers(cache):
         if not getattr(layer, "is_initialized", True) or layer.keys is None:
             continue
         assert keep.shape[0] == layer.keys.shape[0], f"keep rows {keep.shape[0]} != cache batch"
-        if keep.device != layer.keys.device:
-            keep = keep.to(layer.keys.device)
-        if not prefix:
+        if not crop:
+            if keep.device != layer.keys.device:
+                keep = keep.to(layer.keys.device)
             layer.keys = _gather_into(layer.keys, old_len, keep)
             layer.values = _gather_into(layer.values, old_len, keep)
         layer.keys = layer.keys[:, :, : old_len + width]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from decoder import _step
 from decoder.stats import GenerationStats
 
 
@@ -86,14 +87,18 @@ def commit_lengths(tokens: np.ndarray, length: np.ndarray, remaining: np.ndarray
                    eos: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """Every row's accepted path + bonus (tokens [B, D+1], row r's first length[r] + 1) cut at
     its remaining budget and after its first EOS (generate keeps the EOS token).
-    -> (tokens to append [B] int64, stop reason per row: "length" | "eos" | "")."""
-    n = np.minimum(length + 1, remaining)  # [B]
-    reason = np.where(n == remaining, 1, 0)  # 1 = length
-    if eos.shape[0]:
-        inside = np.arange(tokens.shape[1])[None, :] < n[:, None]  # [B, D+1]
-        is_eos = (tokens[:, :, None] == eos).any(axis=2) & inside  # eos: 1-3 ids; np.isin cost ~70 us
-        hit = is_eos.any(axis=1)
-        n = np.where(hit, np.argmax(is_eos, axis=1) + 1, n)
-        reason = np.where(hit, 2, reason)
-    names = ("", "length", "eos")
-    return n.astype(np.int64), [names[i] for i in reason.tolist()]
+    -> (tokens to append [B] int64, stop reason per row: "length" | "eos" | "").
+    One C call (decoder/_step.c `cut`; the numpy version is in tests/decoder_step_reference.py)."""
+    b = length.shape[0]
+    assert tokens.ndim == 2 and tokens.shape[0] == b and remaining.shape == (b,), "commit_lengths shapes"
+    n = np.empty(b, dtype=np.int64)
+    reason = np.empty(b, dtype=np.int64)
+    _step.cut(_i64(tokens), _i64(length), _i64(remaining), _i64(eos), n, reason)
+    return n, [_REASONS[i] for i in reason.tolist()]
+
+
+_REASONS = ("", "length", "eos")
+
+
+def _i64(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)

@@ -17,7 +17,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from decoder import kv
+from datastore.tree import DraftTree
+from decoder import _step, kv
 from decoder.attention import TreeSlots, build_batch, prefill_inputs
 from decoder.calibration import Calibration
 from decoder.cost import CostModel, measure_latency
@@ -246,7 +247,7 @@ class SpeculativeDecoder:
             step = self._plan(active)
             roots = np.asarray([r.buf[r.length - 1] for r in active], dtype=np.int64)  # [B]
             bases = np.asarray([r.length - 1 for r in active], dtype=np.int64)  # [B]
-            ids, pos, mask, ids_host = build_batch(roots, bases, step.slots(), step.sides, torch.from_numpy(valid),
+            ids, pos, mask, ids_host = build_batch(roots, bases, step.slots(), step.sides, valid,
                                                    self.model.dtype, self.model.device, self.pad_id)
             timer.lap("inputs")
             t1 = time.perf_counter()
@@ -292,12 +293,11 @@ class SpeculativeDecoder:
         live = np.flatnonzero(depth > 0)
         ids = [rows[i].index for i in live]
         contexts = [rows[i].context for i in live]
-        out = [[None] * len(self.drafters) for _ in rows]
+        # rows without a draft share one empty tree (merge_rows skips empty trees, names unread):
+        # an empty DraftTree per row and drafter cost ~8 us each at batch 1
+        out = [[_EMPTY] * len(self.drafters) for _ in rows]
         for s, d in enumerate(self.drafters):
-            empty = _empty(d)
             trees = d.propose_batch(ids, contexts, self.settings.draft_budget, depth[live]) if live.shape[0] else []
-            for r in range(len(rows)):
-                out[r][s] = empty
             for i, t in zip(live.tolist(), trees):
                 out[i][s] = t
         return out
@@ -413,13 +413,15 @@ class SpeculativeDecoder:
         cut, reasons = commit_lengths(tokens, length, remaining, self.eos)
         committed = np.zeros(len(rows), dtype=np.int64)
         sizes = np.diff(kept.starts).tolist()
-        for b, row in enumerate(rows):  # per row: the commit itself and a few scalar updates
-            committed[b] = row.append(tokens[b, : cut[b]], reasons[b], self.tokenizer)
+        # per row: the commit itself and a few scalar updates (Python scalars: numpy's cost ~1 us each)
+        for b, (row, n, size, expected, accepted) in enumerate(
+                zip(rows, cut.tolist(), sizes, step.expected.tolist(), length.tolist())):
+            committed[b] = row.append(tokens[b, :n], reasons[b], self.tokenizer)
             row.stats.steps += 1
-            row.stats.tree_tokens += sizes[b]
-            row.observe_step(float(step.expected[b]), int(length[b]), TRUST_DECAY)
+            row.stats.tree_tokens += size
+            row.observe_step(expected, accepted, TRUST_DECAY)
         self._credit(rows, step, path, np.minimum(committed, length))
-        self._calibrate(step, path, length, tokens)
+        self._calibrate(step, path, tokens)
         for b, span in enumerate(step.spans):
             n_tree = int(sizes[b])
             for i, start, m in span:
@@ -448,34 +450,23 @@ class SpeculativeDecoder:
 
     def _credit(self, rows: list[Row], step: _Step, path: np.ndarray, n: np.ndarray) -> None:
         """Count the committed draft tokens per source and feed the side branch's yield."""
-        on = (np.arange(path.shape[1])[None, :] < n[:, None]) & (path >= 0)  # [B, D]
-        b_idx, j_idx = np.nonzero(on)
-        bits = step.merged.sources[step.kept.merged[path[b_idx, j_idx]]]  # [c]
-        if self._side_bits:
-            side, other = (bits & self._side_bits) != 0, (bits & ~self._side_bits) != 0  # [c]
-            only_side = np.bincount(b_idx, weights=side & ~other, minlength=len(rows))
-            for value in only_side:  # sequential EMA over rows, as before
-                self._side_gain += SIDE_GAIN_RATE * (float(value) - self._side_gain)
-        if not bits.shape[0]:
-            return
-        s = np.arange(len(self.drafters))
         hits = np.zeros((len(rows), len(self.drafters)), dtype=np.int64)  # [B, S]
-        np.add.at(hits, b_idx, (bits[:, None] >> s[None, :]) & 1)
+        only_side = np.empty(len(rows))  # [B] committed tokens only side-branch sources proposed
+        _step.credit(step.merged.sources, step.kept.merged, path, n, self._side_bits, hits, only_side)
+        if self._side_bits:
+            for value in only_side.tolist():  # sequential EMA over rows, as before
+                self._side_gain += SIDE_GAIN_RATE * (value - self._side_gain)
         for r, src in zip(*np.nonzero(hits)):
             stats, name = rows[r].stats.accepted_by_source, self.drafters[src].name
             stats[name] = stats.get(name, 0) + int(hits[r, src])
 
-    def _calibrate(self, step: _Step, path: np.ndarray, length: np.ndarray, tokens: np.ndarray) -> None:
+    def _calibrate(self, step: _Step, path: np.ndarray, tokens: np.ndarray) -> None:
         """Every merged node whose parent the model went through was tested (see Calibration)."""
         merged = step.merged
         if not len(merged):
             return
-        chosen = np.full(len(merged), -1, dtype=np.int64)  # [n] the model's token after each node
-        on = path >= 0
-        b_idx, j_idx = np.nonzero(on)
-        chosen[step.kept.merged[path[b_idx, j_idx]]] = tokens[b_idx, j_idx + 1]
-        root_choice = tokens[:, 0]  # [B]
-        after = np.where(merged.parents >= 0, chosen[np.maximum(merged.parents, 0)], root_choice[merged.row])
+        after = np.empty(len(merged), dtype=np.int64)  # [n] the model's token after each node's parent
+        _step.after(merged.parents, merged.starts, step.kept.merged, path, tokens, after)
         self.calibration.update_rows(merged, after)
 
     def _observe(self, rows: list[Row], step: _Step, counts: np.ndarray, ids: np.ndarray, top) -> None:
@@ -498,11 +489,11 @@ class SpeculativeDecoder:
                  length: np.ndarray) -> np.ndarray:
         """Gather each row's kept slots (its last token, then its accepted path) behind its old
         ones: one gather per layer for every row; shorter rows leave masked holes."""
-        b = path.shape[0]
-        slot = 1 + np.where(path >= 0, step.kept.local[np.maximum(path, 0)], -1)  # [B, D] 0 = hole
-        idx = np.concatenate((np.zeros((b, 1), dtype=np.int64), slot), axis=1)  # [B, 1 + D]
-        new_valid = np.arange(idx.shape[1])[None, :] < (1 + length)[:, None]
-        kv.keep_new(cache, old_len, idx)
+        b, w = path.shape
+        idx = np.empty((b, 1 + w), dtype=np.int64)  # [B, 1 + D] new slots kept, 0 = hole
+        new_valid = np.empty((b, 1 + w), dtype=bool)
+        crop = _step.compact(step.kept.local, path, length, idx, new_valid)
+        kv.keep_new(cache, old_len, idx, crop)
         return np.concatenate([valid, new_valid], axis=1)  # [B, S + 1 + D] bool
 
     def _drop_finished(self, cache, valid: np.ndarray, rows: list[Row]):
@@ -555,10 +546,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _empty(drafter: Drafter):
-    from datastore.tree import DraftTree
-
-    return DraftTree.empty(getattr(drafter, "name", "drafter"))
+_EMPTY = DraftTree.empty("none")
 
 
 def _check_sampling(max_new_tokens, temperature, top_p) -> None:

@@ -270,3 +270,86 @@ def greedy_accept_rows(tree: TreeSlots, argmax: np.ndarray) -> tuple[np.ndarray,
     last_slot = np.where(best >= 0, slot[np.maximum(best, 0)] if k else 0, 0)
     tokens[np.arange(b), length] = argmax[np.arange(b), last_slot]
     return path, length.astype(np.int64), tokens
+
+
+# ---- after the forward: the numpy versions of commit_lengths, credit, calibration and compaction
+
+
+def commit_lengths(tokens: np.ndarray, length: np.ndarray, remaining: np.ndarray,
+                   eos: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """decoder.rows.commit_lengths."""
+    n = np.minimum(length + 1, remaining)  # [B]
+    reason = np.where(n == remaining, 1, 0)  # 1 = length
+    if eos.shape[0]:
+        inside = np.arange(tokens.shape[1])[None, :] < n[:, None]  # [B, D+1]
+        is_eos = (tokens[:, :, None] == eos).any(axis=2) & inside
+        hit = is_eos.any(axis=1)
+        n = np.where(hit, np.argmax(is_eos, axis=1) + 1, n)
+        reason = np.where(hit, 2, reason)
+    names = ("", "length", "eos")
+    return n.astype(np.int64), [names[i] for i in reason.tolist()]
+
+
+def credit(sources: np.ndarray, kept_merged: np.ndarray, path: np.ndarray, n: np.ndarray, side_bits: int,
+           n_sources: int) -> tuple[np.ndarray, np.ndarray]:
+    """-> (hits [B, S] committed draft tokens per source, only_side [B] those only side-branch
+    sources proposed): SpeculativeDecoder._credit's counts."""
+    b = path.shape[0]
+    on = (np.arange(path.shape[1])[None, :] < n[:, None]) & (path >= 0)  # [B, D]
+    b_idx, j_idx = np.nonzero(on)
+    bits = sources[kept_merged[path[b_idx, j_idx]]]  # [c]
+    side, other = (bits & side_bits) != 0, (bits & ~side_bits) != 0
+    only_side = np.bincount(b_idx, weights=side & ~other, minlength=b).astype(np.float64)
+    hits = np.zeros((b, n_sources), dtype=np.int64)
+    s = np.arange(n_sources)
+    np.add.at(hits, b_idx, (bits[:, None] >> s[None, :]) & 1)
+    return hits, only_side
+
+
+def after(tree: MergedTree, kept_merged: np.ndarray, path: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """[n] the model's token after each merged node's parent, -1 untested (_calibrate)."""
+    chosen = np.full(len(tree), -1, dtype=np.int64)
+    b_idx, j_idx = np.nonzero(path >= 0)
+    chosen[kept_merged[path[b_idx, j_idx]]] = tokens[b_idx, j_idx + 1]
+    return np.where(tree.parents >= 0, chosen[np.maximum(tree.parents, 0)], tokens[:, 0][tree.row])
+
+
+def calibrate(predicted: np.ndarray, hits: np.ndarray, depths_bins: int, decay: float, tree: MergedTree,
+              after: np.ndarray) -> None:
+    """Calibration.update_rows on (predicted, hits) in place."""
+    tested = after >= 0
+    if not tested.any():
+        return
+    row = tree.row[tested]  # [t]
+    updating = np.zeros(tree.rows, dtype=np.int64)
+    updating[row] = 1
+    u = int(updating.sum())
+    # libm's pow per row, as the C kernel: numpy's vectorised power takes SIMD paths (AVX-512 here)
+    # that differ from libm by an ulp for some exponents, so the numpy decoder's weights were
+    # machine-dependent in the last bit
+    weight = np.array([decay ** int(k) for k in (u - np.cumsum(updating)).tolist()])  # [B]
+    hit = (tree.tokens[tested] == after[tested]).astype(np.float64)  # [t]
+    raw = tree.raw_p[tested]  # [t, S]
+    col = np.minimum(tree.depths[tested], depths_bins) - 1  # [t]
+    predicted *= decay**u
+    hits *= decay**u
+    s_idx, n_idx = np.nonzero((raw > 0).T)  # every (source, tested node) pair
+    cell = (s_idx, col[n_idx], tree.bins[tested][n_idx, s_idx])
+    w = weight[row[n_idx]]
+    np.add.at(predicted, cell, raw[n_idx, s_idx] * w)
+    np.add.at(hits, cell, hit[n_idx] * w)
+
+
+def factors(hits: np.ndarray, predicted: np.ndarray, prior: float, max_factor: float) -> np.ndarray:
+    """Calibration.factors."""
+    pooled = (hits.sum(axis=2) + prior) / (predicted.sum(axis=2) + prior)  # [S, D]
+    f = (hits + prior * pooled[:, :, None]) / (predicted + prior)
+    return np.clip(f, 0.0, max_factor)
+
+
+def compact(kept_local: np.ndarray, path: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """-> (new cache slots kept [B, 1 + D], valid [B, 1 + D]) (SpeculativeDecoder._compact)."""
+    b = path.shape[0]
+    slot = 1 + np.where(path >= 0, kept_local[np.maximum(path, 0)], -1)  # [B, D] 0 = hole
+    idx = np.concatenate((np.zeros((b, 1), dtype=np.int64), slot), axis=1)
+    return idx, np.arange(idx.shape[1])[None, :] < (1 + length)[:, None]

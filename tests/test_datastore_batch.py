@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import datastore.index as index_mod
+import datastore.tree as tree_mod
 from datastore.index import (
     SuffixIndex, _as_ints, _barrier, _check_draft_args, _separator, backoff_match, draft_batch,
     draft_from, longest_match, split_children,
@@ -276,7 +277,7 @@ def test_kernel_trees_are_plain_draft_trees():
     ix = make_index(docs, 6)
     got = draft_batch([ix], [d[:30] for d in docs], 32, 6)
     names = {f.name for f in dataclasses.fields(DraftTree)}
-    assert names == set(index_mod._TREE_FIELDS)
+    assert names == set(tree_mod._FIELDS)
     for tree in got:
         checked = DraftTree(tree.tokens, tree.parents, tree.counts, tree.match_len, tree.source)
         assert tree.same_as(checked) and tree.source == checked.source

@@ -11,8 +11,11 @@ from hypothesis import given, settings, strategies as st
 
 import decoder_step_reference as ref
 from datastore.tree import DraftTree
+from decoder import _step
 from decoder.attention import TreeSlots, build_batch
+from decoder.calibration import Calibration, CalibrationSettings
 from decoder.drafters.base import SideBranch
+from decoder.rows import commit_lengths
 from decoder.tree import kept_nodes, merge_rows, path_products, ranked, select_rows
 from decoder.verify import greedy_accept_rows
 
@@ -104,7 +107,7 @@ def check_forest(rng: np.random.Generator, trees, sources: int, max_depths: np.n
         else:
             sides.append(None)
     valid = torch.from_numpy(rng.random((b, int(rng.integers(0, 6)))) < 0.7)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         g = build_batch(roots, bases, slots, sides, valid, dtype, torch.device("cpu"), pad_id=3)
         w = ref.build_batch(roots, bases, slots, sides, valid, dtype, torch.device("cpu"), pad_id=3)
         for x, y in zip(g[:3], w[:3]):
@@ -117,8 +120,47 @@ def check_forest(rng: np.random.Generator, trees, sources: int, max_depths: np.n
         if rng.random() < 0.6:
             parent_slot = 0 if k.parents[i] < 0 else 1 + k.local[k.parents[i]]
             argmax[k.row[i], parent_slot] = k.tokens[i]
-    for x, y in zip(greedy_accept_rows(slots, argmax), ref.greedy_accept_rows(slots, argmax)):
+    accepted = greedy_accept_rows(slots, argmax)
+    for x, y in zip(accepted, ref.greedy_accept_rows(slots, argmax)):
         assert same(x, y)
+    check_after_forward(rng, got, k, accepted, sources)
+
+
+def check_after_forward(rng: np.random.Generator, merged, kept, accepted, sources: int) -> None:
+    """commit cut, credit, calibration and compaction indices against their numpy versions."""
+    path, length, tokens = accepted
+    b = length.shape[0]
+    remaining = rng.integers(1, 6, size=b).astype(np.int64)
+    eos = rng.choice(np.arange(4), size=int(rng.integers(0, 3)), replace=False).astype(np.int64)
+    n, why = commit_lengths(tokens, length, remaining, eos)
+    n_ref, why_ref = ref.commit_lengths(tokens, length, remaining, eos)
+    assert same(n, n_ref) and why == why_ref
+    side_bits = int(rng.integers(0, 1 << sources))
+    credited = np.minimum(n, length)
+    hits = np.zeros((b, sources), dtype=np.int64)
+    only_side = np.empty(b)
+    _step.credit(merged.sources, kept.merged, path, credited, side_bits, hits, only_side)
+    for x, y in zip((hits, only_side), ref.credit(merged.sources, kept.merged, path, credited, side_bits, sources)):
+        assert same(x, y)
+    idx, valid = np.empty((b, 1 + path.shape[1]), dtype=np.int64), np.empty((b, 1 + path.shape[1]), dtype=bool)
+    crop = _step.compact(kept.local, path, length, idx, valid)
+    idx_ref, valid_ref = ref.compact(kept.local, path, length)
+    assert same(idx, idx_ref) and same(valid, valid_ref)
+    assert crop == bool((idx_ref == np.arange(idx.shape[1])).all())
+    if not len(merged):
+        return
+    after = np.empty(len(merged), dtype=np.int64)
+    _step.after(merged.parents, merged.starts, kept.merged, path, tokens, after)
+    assert same(after, ref.after(merged, kept.merged, path, tokens))
+    cal = Calibration(sources, CalibrationSettings(depths=int(rng.integers(1, 6)), decay=0.9))
+    cal.predicted[:] = rng.uniform(0, 3, cal.predicted.shape)
+    cal.hits[:] = cal.predicted * rng.uniform(0, 1.2, cal.predicted.shape)
+    predicted, hits_sum = cal.predicted.copy(), cal.hits.copy()
+    assert same(cal.factors(), ref.factors(hits_sum, predicted, cal.settings.prior, cal.settings.max_factor))
+    cal.update_rows(merged, after)
+    ref.calibrate(predicted, hits_sum, cal.settings.depths, cal.settings.decay, merged, after)
+    assert same(cal.predicted, predicted) and same(cal.hits, hits_sum)
+    assert same(cal.factors(), ref.factors(hits_sum, predicted, cal.settings.prior, cal.settings.max_factor))
 
 
 @settings(max_examples=150, deadline=None)
@@ -153,6 +195,17 @@ def test_kernel_rejects_bad_input():
         kept_nodes(merged, np.array([1, 0]))
     with pytest.raises(AssertionError):  # a child without its parent
         select_rows(merged, np.array([1]), np.array([1, 0]))
+    i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    with pytest.raises(ValueError):  # tokens [B, W + 1] narrower than length + 1
+        _step.cut(i64(1, 2)[None], i64(2), i64(5), i64(), np.empty(1, np.int64), np.empty(1, np.int64))
+    with pytest.raises(IndexError):  # a path node beyond the kept nodes
+        _step.compact(i64(0), i64(3)[None], i64(1), np.empty((1, 2), np.int64), np.empty((1, 2), bool))
+    with pytest.raises(TypeError):  # a float array where int64 belongs
+        _step.credit(np.zeros(2), i64(0), i64(0)[None], i64(1), 0, np.zeros((1, 1), np.int64), np.empty(1))
+    bins = np.full((2, 1), 8, dtype=np.int64)  # an evidence bin out of range
+    with pytest.raises(IndexError):
+        _step.calibrate(i64(1, 2), i64(1, 2), i64(0, 2), np.ones((2, 1)), bins, i64(1, 1), 0.9,
+                        np.zeros((1, 2, 8)), np.zeros((1, 2, 8)))
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -7,7 +7,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from datastore.tree import DraftTree, expand_best_first
+from datastore.tree import DraftTree, expand_best_first, trusted
 
 SEP = -1  # separates texts in a buffer; never a token, so no gram or continuation crosses it
 PAD = -1  # pads continuation rows past their end
@@ -180,31 +180,9 @@ def as_tokens(name: str, tokens: np.ndarray) -> np.ndarray:
 
 # ---- lean paths (issue 10): exact equivalents of the helpers above, a few microseconds a row --------
 
-_TREE_FIELDS = ("tokens", "parents", "counts", "match_len", "source")
-_TRUSTED = tuple(f.name for f in __import__("dataclasses").fields(DraftTree)) == _TREE_FIELDS
 _EMPTY: dict[str, DraftTree] = {}
-_I32 = np.dtype(np.int32)
 _I64 = np.dtype(np.int64)
-
-
-def make_tree(tokens: np.ndarray, parents: np.ndarray, counts: np.ndarray, match_len: int,
-              source: str) -> DraftTree:
-    """DraftTree(tokens, parents, counts, match_len, source) for arrays a drafter built itself:
-    already 1-D contiguous int32 / int32 / int64, parents before children, tokens >= 0. Skips
-    DraftTree's validation (~18 us a tree, more than the whole lean proposal); the drafters'
-    tests check every tree they build against the validating constructor."""
-    if not (_TRUSTED and tokens.dtype == _I32 and parents.dtype == _I32 and counts.dtype == _I64
-            and tokens.flags.c_contiguous and parents.flags.c_contiguous and counts.flags.c_contiguous
-            and tokens.ndim == 1):
-        return DraftTree(tokens, parents, counts, match_len, source)
-    tree = object.__new__(DraftTree)
-    setattr_ = object.__setattr__
-    setattr_(tree, "tokens", tokens)
-    setattr_(tree, "parents", parents)
-    setattr_(tree, "counts", counts)
-    setattr_(tree, "match_len", match_len)
-    setattr_(tree, "source", source)
-    return tree
+make_tree = trusted  # the drafters build their arrays themselves (see datastore.tree.trusted)
 
 
 def empty_tree(source: str) -> DraftTree:

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from datastore.tree import DraftTree
+from datastore.tree import DraftTree, trusted
 from decoder.drafters.base import Drafter
 
 
@@ -155,7 +155,7 @@ class RetrievalDrafter(Drafter):
             tree = cap_depth(tree, max(1, int(self.spec_factor * tree.match_len)))
         if tree.source == self.name:
             return tree
-        return DraftTree(tree.tokens, tree.parents, tree.counts, tree.match_len, self.name)
+        return trusted(tree.tokens, tree.parents, tree.counts, tree.match_len, self.name)  # checked arrays
 
 
 def cap_depth(tree: DraftTree, depth: int) -> DraftTree:
