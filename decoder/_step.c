@@ -570,17 +570,19 @@ static inline void put_bits(void *buf, int64_t i, int size, uint32_t bits) {
     else ((uint32_t *)buf)[i] = bits;
 }
 
-/* inputs(tokens, parents, depths, starts, roots, bases, m, pad_id, valid [B, S] bool, low_bits,
- * ids_pos [2, B, q] int64, mask [B, S + q * q] of 2- or 4-byte floats): the ids, positions and the
- * additive mask of build_batch in one host buffer per row, the committed prefix's mask (valid:
- * 0, else the dtype's lowest) then the [q, q] block of the new slots (side branches excepted:
- * m[r] counts their slots as real). Each slot attends itself (padding: itself and the prefix),
- * every real slot the last committed token, each node its ancestors. */
+/* inputs(tokens, parents, depths, starts, roots, bases, m, pad_id, valid [B, S] bool, low_bits, full,
+ * ids_pos [2, B, q] int64, mask): the ids, positions and additive mask of build_batch, the mask as
+ * raw bits of 2- or 4-byte floats: 0 attend, low_bits (the dtype's lowest) masked. full = 0: mask
+ * is [B, S + q * q], per row the committed prefix's mask (valid) then the [q, q] block of the new
+ * slots, for the device to broadcast; full = 1: mask is [B, q, S + q], the whole mask. Each slot
+ * attends itself (padding: itself and the prefix), every real slot the last committed token, each
+ * node its ancestors; side branches excepted: m[r] counts their slots as real. */
 static PyObject *py_inputs(PyObject *self, PyObject *args) {
     PyObject *o_tok, *o_par, *o_dep, *o_starts, *o_roots, *o_bases, *o_m, *o_valid, *o_ip, *o_mask;
     long long pad, low;
-    if (!PyArg_ParseTuple(args, "OOOOOOOLOLOO", &o_tok, &o_par, &o_dep, &o_starts, &o_roots, &o_bases, &o_m,
-                          &pad, &o_valid, &low, &o_ip, &o_mask))
+    int full;
+    if (!PyArg_ParseTuple(args, "OOOOOOOLOLpOO", &o_tok, &o_par, &o_dep, &o_starts, &o_roots, &o_bases, &o_m,
+                          &pad, &o_valid, &low, &full, &o_ip, &o_mask))
         return NULL;
     Views vs = {.n = 0};
     int64_t k, k2, k3, b1, br, bb, bm, nvalid, nip;
@@ -603,7 +605,8 @@ static PyObject *py_inputs(PyObject *self, PyObject *args) {
     int64_t b = b1 - 1;
     if (k2 != k || k3 != k || b < 0 || br != b || bb != b || bm != b || (size != 2 && size != 4))
         return raise(&vs, E_SHAPE);
-    int64_t q = b ? nip / (2 * b) : 0, S = b ? nvalid / b : 0, row_len = S + q * q;
+    int64_t q = b ? nip / (2 * b) : 0, S = b ? nvalid / b : 0;
+    int64_t row_len = full ? q * (S + q) : S + q * q;  /* mask items per row */
     if (nip != 2 * b * q || nvalid != b * S || (int64_t)(mb->len / size) != b * row_len
         || (b && (starts[0] != 0 || starts[b] != k)))
         return raise(&vs, E_SHAPE);
@@ -611,30 +614,39 @@ static PyObject *py_inputs(PyObject *self, PyObject *args) {
     uint32_t lo_bits = (uint32_t)low;
     int err = OK;
     Py_BEGIN_ALLOW_THREADS
+    char *blk = malloc((size_t)(q * q) + 1);  /* one row's [q, q] block, 1 = attend */
+    if (!blk) err = E_NOMEM;
     for (int64_t r = 0; r < b && !err; r++) {
         int64_t lo = starts[r], hi = starts[r + 1], real = 1 + hi - lo + m[r];
         if (hi < lo || real > q || m[r] < 0) { err = E_SLOT; break; }
         int64_t *ir = ip + r * q, *pr = ip + (b + r) * q;
-        int64_t row0 = r * row_len, blk = row0 + S;
-        const char *vr = valid + r * S;
-        for (int64_t j = 0; j < S; j++) put_bits(mask, row0 + j, size, vr[j] ? 0u : lo_bits);
-        for (int64_t j = 0; j < q * q; j++) put_bits(mask, blk + j, size, lo_bits);
+        memset(blk, 0, (size_t)(q * q));
         ir[0] = roots[r];
         for (int64_t j = 1; j < q; j++) ir[j] = pad;
         for (int64_t j = 0; j < q; j++) pr[j] = bases[r];
-        for (int64_t j = 0; j < q; j++) put_bits(mask, blk + j * q + j, size, 0u);
-        for (int64_t j = 0; j < real; j++) put_bits(mask, blk + j * q, size, 0u);
+        for (int64_t j = 0; j < q; j++) blk[j * q + j] = 1;
+        for (int64_t j = 0; j < real; j++) blk[j * q] = 1;
         for (int64_t i = lo; i < hi; i++) {
             int64_t s = 1 + i - lo;
             ir[s] = tok[i];
             pr[s] = bases[r] + dep[i];
             for (int64_t u = par[i]; u >= 0; u = par[u]) {
                 if (u < lo || u >= i) { err = E_PARENT; break; }
-                put_bits(mask, blk + s * q + 1 + u - lo, size, 0u);
+                blk[s * q + 1 + u - lo] = 1;
             }
             if (err) break;
         }
+        if (err) break;
+        const char *vr = valid + r * S;
+        int64_t base = r * row_len, stride = full ? S + q : S;  /* a query row's prefix; 0 = shared */
+        for (int64_t j = 0; j < (full ? q : 1); j++)
+            for (int64_t c = 0; c < S; c++) put_bits(mask, base + j * stride + c, size, vr[c] ? 0u : lo_bits);
+        for (int64_t j = 0; j < q; j++) {
+            int64_t at = full ? base + j * stride + S : base + S + j * q;
+            for (int64_t c = 0; c < q; c++) put_bits(mask, at + c, size, blk[j * q + c] ? 0u : lo_bits);
+        }
     }
+    free(blk);
     Py_END_ALLOW_THREADS
     if (err) return raise(&vs, err);
     views_release(&vs);
@@ -1006,6 +1018,54 @@ static PyObject *py_factors(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------- Token Recycling's table */
+
+/* recycle(tokens [n], topk [n, k'], K, n_tokens, rows, next [(rows + 1) * K]) -> (max token, max
+ * successor, written): RecycleDrafter.observe_topk. Row t of the flat table holds t's K successors
+ * as row offsets (successor * K), dead (rows * K) where unknown or negative. Positions in order,
+ * so a token seen twice keeps its latest top-k; negative tokens are skipped; successors go through
+ * int32 as the table always kept them. Nothing is written (written = 0) when a token is >= n_tokens
+ * or a successor >= rows: the caller grows the table and calls again. */
+static PyObject *py_recycle(PyObject *self, PyObject *args) {
+    PyObject *o_tok, *o_top, *o_next;
+    long long K, n_tokens, rows;
+    if (!PyArg_ParseTuple(args, "OOLLLO", &o_tok, &o_top, &K, &n_tokens, &rows, &o_next)) return NULL;
+    Views vs = {.n = 0};
+    int64_t n, nt, nn;
+    const int64_t *tok, *top;
+    int64_t *next;
+    if (!(tok = view(&vs, o_tok, 'q', 0, &n, "tokens"))) return fail(&vs);
+    if (!(top = view(&vs, o_top, 'q', 0, &nt, "topk"))) return fail(&vs);
+    if (!(next = view(&vs, o_next, 'q', 1, &nn, "next"))) return fail(&vs);
+    int64_t kk = n ? nt / n : 0, k = kk < K ? kk : K;
+    if (K < 1 || rows < 0 || nt != n * kk || nn != (rows + 1) * K) return raise(&vs, E_SHAPE);
+    int64_t max_tok = -1, max_succ = -1, written = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        if (tok[i] < 0) continue;
+        if (tok[i] > max_tok) max_tok = tok[i];
+        for (int64_t j = 0; j < K; j++) {
+            int64_t v = j < k ? (int64_t)(int32_t)top[i * kk + j] : -1;
+            if (v > max_succ) max_succ = v;
+        }
+    }
+    if (max_tok < n_tokens && max_succ < rows) {
+        int64_t dead = rows * K;
+        for (int64_t i = 0; i < n; i++) {
+            if (tok[i] < 0) continue;
+            int64_t *row = next + tok[i] * K;
+            for (int64_t j = 0; j < K; j++) {
+                int64_t v = j < k ? (int64_t)(int32_t)top[i * kk + j] : -1;
+                row[j] = v >= 0 ? v * K : dead;
+            }
+        }
+        written = 1;
+    }
+    Py_END_ALLOW_THREADS
+    views_release(&vs);
+    return Py_BuildValue("LLi", (long long)max_tok, (long long)max_succ, (int)written);
+}
+
 /* ---------------------------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
@@ -1019,7 +1079,7 @@ static PyMethodDef methods[] = {
     {"kept", py_kept, METH_VARARGS, "kept(tokens, parents, depths, starts, keep, out [5, k], kept_starts [B + 1])."},
     {"width", py_width, METH_VARARGS, "width(starts, m) -> max_r 1 + n_r + m_r."},
     {"inputs", py_inputs, METH_VARARGS,
-     "inputs(tokens, parents, depths, starts, roots, bases, m, pad_id, valid, low_bits, ids_pos, mask)."},
+     "inputs(tokens, parents, depths, starts, roots, bases, m, pad_id, valid, low_bits, full, ids_pos, mask)."},
     {"accept", py_accept, METH_VARARGS, "accept(tokens, parents, depths, starts, argmax, best, length) -> width."},
     {"accept_fill", py_accept_fill, METH_VARARGS,
      "accept_fill(tokens, parents, starts, argmax, best, length, path, out)."},
@@ -1030,6 +1090,8 @@ static PyMethodDef methods[] = {
     {"calibrate", py_calibrate, METH_VARARGS,
      "calibrate(tokens, depths, starts, raw_p, bins, after, decay, predicted, hits) -> rows updated."},
     {"factors", py_factors, METH_VARARGS, "factors(hits, predicted, prior, max_factor, out)."},
+    {"recycle", py_recycle, METH_VARARGS,
+     "recycle(tokens, topk, K, n_tokens, rows, next) -> (max token, max successor, written)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -78,18 +78,20 @@ class TreeSlots:
 
 def build_batch(
     roots: np.ndarray, bases: np.ndarray, tree: TreeSlots, sides: list, valid: torch.Tensor | np.ndarray,
-    dtype: torch.dtype, device: torch.device, pad_id: int = 0,
+    dtype: torch.dtype, device: torch.device, pad_id: int = 0, full: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """build_inputs from flat arrays: roots/bases [B] int64 (last committed token, its position),
     sides: [B] SideBranch or None, valid: [B, S] bool. Vectorised over rows; a Python step per side
     branch only. -> build_inputs' three tensors, then the input ids on the host ([B, q] int64 numpy).
+    full: the whole mask built on the host (None: on a CPU device; tests choose both ways).
 
-    One C call writes the ids, positions and, per row, the prefix mask and the [q, q] block of the
-    new slots as `dtype` bits in one host buffer; one copy to the device and one concatenation
-    make the 4D mask. Every query, padding included, attends the row's committed prefix: padding
-    outputs are never read and their cache slots are dropped. Each torch op costs ~10-20 us in the
-    decode loop (cold caches after the forward): this is 4 of them, where the previous 9 cost
-    ~110 us at batch 1.
+    One C call writes the ids, positions and the mask as `dtype` bits on the host. On a CPU that
+    is the whole [B, 1, q, S + q] mask (no further op); for another device it is, per row, the
+    prefix mask and the [q, q] block of the new slots (a fraction of the bytes: B=32, q=65,
+    S=1000 is 8.8 MB whole), one copy, then the device broadcasts the prefix and concatenates.
+    Every query, padding included, attends the row's committed prefix: padding outputs are never
+    read and their cache slots are dropped. Each torch op cost ~10-20 us in the decode loop at
+    batch 1 (cold caches after the forward); the 9 ops this replaced cost ~110 us.
     """
     b = roots.shape[0]
     valid = valid.cpu().numpy() if isinstance(valid, torch.Tensor) else valid
@@ -99,21 +101,25 @@ def build_batch(
     q = _step.width(starts, m)
     s = valid.shape[1]
     item, low = _mask_bits(dtype)
+    full = device.type == "cpu" if full is None else full
     ids_pos = np.empty((2, b, q), dtype=np.int64)  # input ids, positions (padding: the root's)
-    host = np.empty((b, s + q * q), dtype=item)  # [B, S + q*q] prefix mask, then the [q, q] block
+    host = np.empty((b, 1, q, s + q) if full else (b, s + q * q), dtype=item)
     _step.inputs(_i64(tree.tokens), _i64(tree.parents), _i64(tree.depths), starts, _i64(roots), _i64(bases),
-                 m, int(pad_id), np.ascontiguousarray(valid, dtype=bool), low, ids_pos, host)
+                 m, int(pad_id), np.ascontiguousarray(valid, dtype=bool), low, full, ids_pos, host)
     if m.any():  # side branches (lookahead): per riding row
         n = np.diff(starts)
-        block = host[:, s:].reshape(b, q, q)
+        block = host[:, 0, :, s:] if full else host[:, s:].reshape(b, q, q)  # [B, q, q] views
         for i in np.flatnonzero(m):
             side, lo = sides[i], 1 + int(n[i])
             hi = lo + int(m[i])
             ids_pos[0, i, lo:hi] = side.tokens
             ids_pos[1, i, lo:hi] = bases[i] + side.depths
             block[i, lo:hi, lo:hi] = np.where(side.mask, item.type(0), item.type(low))
-    flat = torch.from_numpy(host).view(dtype).to(device)  # [B, S + q*q]
-    mask = torch.cat((flat[:, None, None, :s].expand(b, 1, q, s), flat[:, None, s:].view(b, 1, q, q)), dim=3)
+    if full:
+        mask = torch.from_numpy(host).view(dtype)  # [B, 1, q, S + q]
+    else:
+        flat = torch.from_numpy(host).view(dtype).to(device)  # [B, S + q*q]
+        mask = torch.cat((flat[:, None, None, :s].expand(b, 1, q, s), flat[:, None, s:].view(b, 1, q, q)), dim=3)
     ip = torch.from_numpy(ids_pos).to(device)
     return ip[0], ip[1], mask, ids_pos[0]
 

@@ -241,6 +241,8 @@ class SpeculativeDecoder:
             return
         cache, valid = self._prefill(active)
         timer = self.timer
+        # read once: transformers' .device/.dtype walk the parameters (~5-10 us each, 3 a step)
+        device, dtype = self.model.device, self.model.dtype
         while active:
             timer.start()
             t0 = time.perf_counter()
@@ -248,13 +250,13 @@ class SpeculativeDecoder:
             roots = np.asarray([r.buf[r.length - 1] for r in active], dtype=np.int64)  # [B]
             bases = np.asarray([r.length - 1 for r in active], dtype=np.int64)  # [B]
             ids, pos, mask, ids_host = build_batch(roots, bases, step.slots(), step.sides, valid,
-                                                   self.model.dtype, self.model.device, self.pad_id)
+                                                   dtype, device, self.pad_id)
             timer.lap("inputs")
             t1 = time.perf_counter()
-            old_len = kv.seq_length(cache)
+            old_len = valid.shape[1]  # valid has a column per cache slot (kv.seq_length(cache))
             logits = self.model(input_ids=ids, position_ids=pos, attention_mask=mask,
                                 cache=cache, use_cache=True).logits  # [B, q, V]
-            _sync(self.model.device)  # no extra wait: the reduction's copy waits for it anyway
+            _sync(device)  # no extra wait: the reduction's copy waits for it anyway
             timer.lap("forward")
             argmax, top = self._reduce(logits)  # [B, q] int64, [B, q, k] int64 | None
             timer.lap("reduce")
@@ -290,15 +292,21 @@ class SpeculativeDecoder:
 
     def _propose(self, rows: list[Row], depth: np.ndarray) -> list[list]:
         """-> trees[r][s]: drafter s's tree for row r (one propose_batch call per drafter)."""
-        live = np.flatnonzero(depth > 0)
-        ids = [rows[i].index for i in live]
-        contexts = [rows[i].context for i in live]
+        live = [i for i, d in enumerate(depth.tolist()) if d > 0]
+        if not live or not self.drafters:
+            return [[_EMPTY] * len(self.drafters) for _ in rows]
+        every = len(live) == len(rows)  # the usual case: no gather, one list per drafter as it comes
+        ids = [r.index for r in rows] if every else [rows[i].index for i in live]
+        contexts = [r.context for r in rows] if every else [rows[i].context for i in live]
+        depths = depth if every else depth[live]
+        per_source = [d.propose_batch(ids, contexts, self.settings.draft_budget, depths) for d in self.drafters]
+        if every:
+            return [list(row) for row in zip(*per_source)]
         # rows without a draft share one empty tree (merge_rows skips empty trees, names unread):
         # an empty DraftTree per row and drafter cost ~8 us each at batch 1
         out = [[_EMPTY] * len(self.drafters) for _ in rows]
-        for s, d in enumerate(self.drafters):
-            trees = d.propose_batch(ids, contexts, self.settings.draft_budget, depth[live]) if live.shape[0] else []
-            for i, t in zip(live.tolist(), trees):
+        for s, trees in enumerate(per_source):
+            for i, t in zip(live, trees):
                 out[i][s] = t
         return out
 
@@ -327,13 +335,13 @@ class SpeculativeDecoder:
         self.timer.lap("merge")
         n_side = np.asarray([0 if s is None else int(s.tokens.shape[0]) for s in sides], dtype=np.int64)
         n, with_side, expected, order = self._budget(merged, n_side, rows)
-        for i in np.flatnonzero(~with_side & (n_side > 0)):
-            sides[i], spans[i], n_side[i] = None, [], 0
+        if self._side_bits:
+            for i in np.flatnonzero(~with_side & (n_side > 0)):
+                sides[i], spans[i], n_side[i] = None, [], 0
         kept = kept_nodes(merged, select_rows(merged, n, order))
-        sizes = np.diff(kept.starts)
-        for i, row in enumerate(rows):
-            row.stats.budgets.append(int(sizes[i]))
-            row.stats.side_tokens.append(int(n_side[i]))
+        for row, size, side in zip(rows, np.diff(kept.starts).tolist(), n_side.tolist()):
+            row.stats.budgets.append(size)
+            row.stats.side_tokens.append(side)
         self.timer.lap("budget")
         return _Step(merged, kept, sides, spans, expected)
 
@@ -392,14 +400,21 @@ class SpeculativeDecoder:
         if k == 0:
             return logits.argmax(dim=-1).cpu().numpy(), None
         values, indices = logits.topk(max(k, 2), dim=-1)  # [B, q, k']
-        tie = values[..., 0] == values[..., 1]  # [B, q]
-        packed = torch.cat([indices, tie[..., None].to(indices.dtype)], dim=-1).cpu().numpy()
-        argmax = packed[..., 0].copy()
-        ties = np.nonzero(packed[..., -1])
+        if logits.device.type == "cpu":  # already host memory: numpy reads both, no torch op
+            # (on this CPU each torch op right after topk cost 20-40 us: 4 of them were ~90 us)
+            top = indices.numpy()
+            best2 = (values if values.dtype == torch.float32 else values.float()).numpy()[..., :2]
+            tie = best2[..., 0] == best2[..., 1]  # [B, q]
+        else:
+            tie = values[..., 0] == values[..., 1]  # [B, q]
+            packed = torch.cat([indices, tie[..., None].to(indices.dtype)], dim=-1).cpu().numpy()
+            top, tie = packed[..., :-1], packed[..., -1] != 0
+        argmax = top[..., 0].copy()
+        ties = np.nonzero(tie)
         if ties[0].shape[0]:  # exact ties at the top are rare: one more read, of those rows only
             b, j = (torch.from_numpy(t).to(logits.device) for t in ties)
             argmax[ties] = logits[b, j].argmax(dim=-1).cpu().numpy()
-        return argmax, packed[..., :k]
+        return argmax, top[..., :k]
 
     def _accept(self, rows: list[Row], step: _Step, logits, argmax: np.ndarray, temperature, top_p, gen):
         """Verify every row, commit its tokens, credit sources, update calibration and the side
@@ -472,15 +487,18 @@ class SpeculativeDecoder:
     def _observe(self, rows: list[Row], step: _Step, counts: np.ndarray, ids: np.ndarray, top) -> None:
         """Drafter updates: the committed tokens of every row, then the verified top-k."""
         index = [r.index for r in rows]
-        accepted = [r.buf[r.length - int(c) : r.length].copy() for r, c in zip(rows, counts)]
+        accepted = [r.buf[r.length - c : r.length].copy() for r, c in zip(rows, counts.tolist())]
         for d in self.drafters:
             d.observe_batch(index, accepted)
         if top is None:
             return
         sizes = 1 + np.diff(step.kept.starts)  # last committed token + tree slots
-        width = int(sizes.max())
-        real = np.arange(width)[None, :] < sizes[:, None]  # [B, w]
-        topk, tokens = top[:, :width][real], ids[:, :width][real]  # [n, k], [n]
+        if sizes.shape[0] == 1:  # one row: its first slots (views, no boolean gather)
+            topk, tokens = top[0, : sizes[0]], ids[0, : sizes[0]]
+        else:
+            width = int(sizes.max())
+            real = np.arange(width)[None, :] < sizes[:, None]  # [B, w]
+            topk, tokens = top[:, :width][real], ids[:, :width][real]  # [n, k], [n]
         for d in self.drafters:
             if getattr(d, "topk", 0) > 0:
                 d.observe_topk(tokens, topk[:, : d.topk])

@@ -108,11 +108,12 @@ def check_forest(rng: np.random.Generator, trees, sources: int, max_depths: np.n
             sides.append(None)
     valid = torch.from_numpy(rng.random((b, int(rng.integers(0, 6)))) < 0.7)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        g = build_batch(roots, bases, slots, sides, valid, dtype, torch.device("cpu"), pad_id=3)
         w = ref.build_batch(roots, bases, slots, sides, valid, dtype, torch.device("cpu"), pad_id=3)
-        for x, y in zip(g[:3], w[:3]):
-            assert x.dtype == y.dtype and torch.equal(x, y)
-        assert same(g[3], w[3])
+        for full in (True, False):  # the whole mask on the host (CPU), or broadcast on the device
+            g = build_batch(roots, bases, slots, sides, valid, dtype, torch.device("cpu"), pad_id=3, full=full)
+            for x, y in zip(g[:3], w[:3]):
+                assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+            assert same(g[3], w[3])
     # greedy acceptance: an argmax that often agrees with a child
     q = 1 + int(np.diff(k.starts).max(initial=0)) + int(rng.integers(0, 3))
     argmax = rng.integers(0, 4, size=(b, q)).astype(np.int64)

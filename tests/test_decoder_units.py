@@ -252,3 +252,26 @@ def test_warp_matches_transformers(temperature, top_p):
     if top_p < 1:
         ref = TopPLogitsWarper(top_p)(None, ref)
     torch.testing.assert_close(warp(logits, temperature, top_p), ref.softmax(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [0, 1, 4])
+def test_reduce_matches_argmax_on_exact_ties(dtype, k):
+    """The step's one read of the logits: its argmax is torch's argmax (first index on an exact
+    tie at the top, whatever order topk returns tied values in) and its top-k is topk's."""
+    from decoder.speculative import SpeculativeDecoder
+    from decoder_util import StubTokenizer, tiny_model
+
+    dec = SpeculativeDecoder(tiny_model(), StubTokenizer())
+    dec._topk = k
+    g = torch.Generator().manual_seed(k)
+    logits = torch.randn((3, 5, 96), generator=g).to(dtype)  # [B, q, V]
+    logits[0, 1, [7, 70]] = 9.0  # exact ties at the top
+    logits[2, 4, [3, 50, 90]] = 8.0
+    logits[1, 0, [20, 21]] = torch.tensor([9.0, 9.0 - 1e-3], dtype=dtype)  # close, not tied (or tied in bf16)
+    argmax, top = dec._reduce(logits)
+    assert argmax.dtype == np.int64 and argmax.tolist() == logits.argmax(dim=-1).tolist()
+    if k == 0:
+        assert top is None
+    else:
+        assert top.shape == (3, 5, k) and top.tolist() == logits.topk(max(k, 2), dim=-1).indices[..., :k].tolist()

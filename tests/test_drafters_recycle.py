@@ -107,3 +107,27 @@ def test_templates_cut_from_the_shared_expansion_equal_a_direct_one(weights):
             want = (ranks, parents, tree_depths(parents.astype(np.int64)), counts)
             got = template.__wrapped__(weights, budget, depth)
             assert all(np.array_equal(g, w) for g, w in zip(got, want)), (budget, depth)
+
+
+@settings(max_examples=80, deadline=None)
+@given(batches=st.lists(st.lists(st.tuples(st.integers(-2, 3000), st.lists(st.integers(-1, 5000), min_size=3,
+                                                                               max_size=3)),
+                                 max_size=6), max_size=5),
+       k=st.integers(1, 4), cols=st.integers(0, 3))
+def test_observe_topk_keeps_the_latest_successors(batches, k, cols):
+    """Against a dict: negative tokens skipped, the latest of a repeated token wins, fewer columns
+    than k leave the rest unknown, negative successors are unknown, and the table grows for new
+    token ids and successors in any order."""
+    drafter = RecycleDrafter(k=k, rank_weights=(0.5, 0.2, 0.1, 0.05)[:k])
+    table: dict[int, list[int]] = {}
+    for batch in batches:
+        toks = np.array([t for t, _ in batch], dtype=np.int64)
+        topk = np.array([s[:cols] for _, s in batch], dtype=np.int64).reshape(len(batch), cols)
+        drafter.observe_topk(toks, topk)
+        for t, s in batch:
+            if t >= 0:
+                table[t] = [x if x >= 0 else -1 for x in (s[:cols] + [-1] * k)[:k]]
+    got = drafter.table
+    for t in range(got.shape[0]):
+        assert got[t].tolist() == table.get(t, [-1] * k)
+    assert set(table) <= set(range(got.shape[0]))
