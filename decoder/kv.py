@@ -43,7 +43,7 @@ def keep_new(cache: DynamicCache, old_len: int, keep: torch.Tensor | np.ndarray,
 
     keep: [B, K] int64 (rows keeping fewer slots repeat an index; the caller masks those holes).
     crop: whether keep is 0..K-1 on every row (a chain accepted from its start), when the caller
-    knows; else checked here. The gathered slots are written over the start of the new part in
+    knows; else checked here. The caller checks the cache's layers with `layers(cache)` once. The gathered slots are written over the start of the new part in
     place and the rest cut off: no copy of the old slots (the next forward's concatenation
     copies them anyway).
     """
@@ -55,7 +55,7 @@ def keep_new(cache: DynamicCache, old_len: int, keep: torch.Tensor | np.ndarray,
         keep = torch.from_numpy(keep)
     elif crop is None:
         crop = bool(torch.equal(keep, torch.arange(width, device=keep.device).expand_as(keep)))
-    for layer in layers(cache):
+    for layer in cache.layers:  # the caller checked them once with layers() (~1 us a layer a step)
         if not getattr(layer, "is_initialized", True) or layer.keys is None:
             continue
         assert keep.shape[0] == layer.keys.shape[0], f"keep rows {keep.shape[0]} != cache batch"

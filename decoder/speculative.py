@@ -243,6 +243,7 @@ class SpeculativeDecoder:
         timer = self.timer
         # read once: transformers' .device/.dtype walk the parameters (~5-10 us each, 3 a step)
         device, dtype = self.model.device, self.model.dtype
+        checked = None
         while active:
             timer.start()
             t0 = time.perf_counter()
@@ -257,6 +258,8 @@ class SpeculativeDecoder:
             logits = self.model(input_ids=ids, position_ids=pos, attention_mask=mask,
                                 cache=cache, use_cache=True).logits  # [B, q, V]
             _sync(device)  # no extra wait: the reduction's copy waits for it anyway
+            if checked is None:  # the cache's layers, once (kv.keep_new does not check them)
+                checked = kv.layers(cache)
             timer.lap("forward")
             argmax, top = self._reduce(logits)  # [B, q] int64, [B, q, k] int64 | None
             timer.lap("reduce")

@@ -40,7 +40,7 @@ def store(tmp_path_factory, tok):
 def results(tmp_path_factory, store, tok):
     out = tmp_path_factory.mktemp("results")
     settings = bo.OverheadSettings(batches=(1, 2), sources=("none", "all"), budgets=(8,), new_tokens=6,
-                                   warmup_tokens=2, hf_repeats=1, label="test", out=out, plot=True)
+                                   warmup_tokens=2, hf_repeats=1, repeats=2, label="test", out=out, plot=True)
     res = bo.run(settings, store=store, store_info={"path": "tmp", "which": "test", "tokens": 1}, tok=tok,
                  progress=lambda msg: None)
     return res, out
@@ -80,6 +80,8 @@ def test_arithmetic(results, tok):
         assert math.isclose(e["host_seconds"], e["wall_seconds"] - e["forward_seconds"] - e["logits_ops_seconds"],
                             rel_tol=1e-9, abs_tol=1e-12)
         assert math.isclose(e["host_ms_per_step"], e["host_seconds"] / e["steps"] * 1e3, rel_tol=1e-9)
+        runs = e["host_ms_per_step_runs"]  # two fresh decoders; the median (upper of two) reported
+        assert len(runs) == 2 and runs == sorted(runs) and e["host_ms_per_step"] == runs[1]
         hf = res["hf_generate"][str(b)]
         assert hf["new_tokens_per_row"] == 6 and hf["forward_calls"] == 6
         assert math.isclose(hf["ms_per_step"], hf["wall_seconds"] / 6 * 1e3, rel_tol=1e-9)
@@ -144,7 +146,7 @@ def test_forward_clock_keeps_the_signature_and_counts():
 
 @pytest.mark.parametrize("kw", [dict(batches=()), dict(batches=(0,)), dict(sources=("bogus",)),
                                 dict(budgets=(0,)), dict(new_tokens=1), dict(label="a/b"), dict(device="tpu"),
-                                dict(threads=-1), dict(hf_repeats=0), dict(batches=(100,))])
+                                dict(threads=-1), dict(hf_repeats=0), dict(repeats=0), dict(batches=(100,))])
 def test_settings_rejected(kw):
     with pytest.raises(ValueError):
         bo.OverheadSettings(**kw)

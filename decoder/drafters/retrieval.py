@@ -69,6 +69,7 @@ class RetrievalDrafter(Drafter):
         self.min_count = min_count
         self.remote = _is_remote(source)
         self._own_failures = 0
+        self._batch_ok: bool | None = None  # the source has a synchronous draft_batch
         if tokenizer_fingerprint is not None:
             try:
                 theirs = source_fingerprint(source)
@@ -144,8 +145,10 @@ class RetrievalDrafter(Drafter):
         return out
 
     def _batched(self) -> bool:
-        batch = getattr(self.source, "draft_batch", None)
-        return batch is not None and not inspect.iscoroutinefunction(batch)
+        if self._batch_ok is None:  # once: inspect costs a few us a step
+            batch = getattr(self.source, "draft_batch", None)
+            self._batch_ok = batch is not None and not inspect.iscoroutinefunction(batch)
+        return self._batch_ok
 
     def _named(self, tree: DraftTree | None, capped: bool = False) -> DraftTree:
         """The tree under this drafter's name; capped: the kernel already applied spec_factor."""
