@@ -639,8 +639,9 @@ static PyObject *py_inputs(PyObject *self, PyObject *args) {
         if (err) break;
         const char *vr = valid + r * S;
         int64_t base = r * row_len, stride = full ? S + q : S;  /* a query row's prefix; 0 = shared */
-        for (int64_t j = 0; j < (full ? q : 1); j++)
-            for (int64_t c = 0; c < S; c++) put_bits(mask, base + j * stride + c, size, vr[c] ? 0u : lo_bits);
+        for (int64_t c = 0; c < S; c++) put_bits(mask, base + c, size, vr[c] ? 0u : lo_bits);
+        for (int64_t j = 1; j < (full ? q : 1); j++)  /* the other queries' prefix: copies of the first */
+            memcpy((char *)mask + (base + j * stride) * size, (char *)mask + base * size, (size_t)(S * size));
         for (int64_t j = 0; j < q; j++) {
             int64_t at = full ? base + j * stride + S : base + S + j * q;
             for (int64_t c = 0; c < q; c++) put_bits(mask, at + c, size, blk[j * q + c] ? 0u : lo_bits);

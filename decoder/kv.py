@@ -52,7 +52,8 @@ def keep_new(cache: DynamicCache, old_len: int, keep: torch.Tensor | np.ndarray,
     if isinstance(keep, np.ndarray):  # checked on the host: torch.equal cost ~30 us a step
         if crop is None:
             crop = bool((keep == np.arange(width)).all())
-        keep = torch.from_numpy(keep)
+        if not crop:
+            keep = torch.from_numpy(keep)
     elif crop is None:
         crop = bool(torch.equal(keep, torch.arange(width, device=keep.device).expand_as(keep)))
     for layer in cache.layers:  # the caller checked them once with layers() (~1 us a layer a step)
