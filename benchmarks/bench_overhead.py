@@ -70,7 +70,7 @@ SOURCE_SETS = {
     "all": DEFAULT_SOURCES,
 }
 TARGETS = {1: 0.5, 32: 1.0}  # batch -> host ms/step over HF generate's whole ms/step, at most
-REDUCTIONS = ("argmax", "topk", "max", "softmax", "log_softmax", "sort", "argsort")
+REDUCTIONS = ("argmax", "topk", "max", "softmax", "log_softmax", "sort", "argsort")  # + _decoder_reductions()
 STUB = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=4096)
 HOST_PHASES_ORDER = ("propose", "merge", "budget", "inputs", "accept", "compact", "observe")
@@ -187,7 +187,7 @@ class ForwardClock:
 
 class LogitsClock:
     """Times the full-vocabulary reductions while installed: wraps torch.X and Tensor.X for X in
-    REDUCTIONS; a call on a tensor whose last dimension is `vocab`, outside the wrapped forward,
+    REDUCTIONS and the decoder's own passes (_decoder_reductions); a call on a tensor whose last dimension is `vocab`, outside the wrapped forward,
     is timed between two device syncs and summed per op. close() restores the originals."""
 
     def __init__(self, vocab: int, forward_clock: ForwardClock):
@@ -199,6 +199,7 @@ class LogitsClock:
         targets = [(torch.Tensor, name) for name in REDUCTIONS]
         targets += [(torch, name) for name in REDUCTIONS]
         targets += [(torch.nn.functional, name) for name in ("softmax", "log_softmax")]
+        targets += [(module, name) for module, name in _decoder_reductions()]
         for owner, name in targets:
             self._saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
             setattr(owner, name, self._wrap(name, getattr(owner, name)))
@@ -240,6 +241,16 @@ class LogitsClock:
 
 
 _MISSING = object()
+
+
+def _decoder_reductions() -> list[tuple[object, str]]:
+    """The decoder's own full-vocabulary passes (decoder.logits.host_topk: its CPU top-k, a device
+    topk on a GPU), where this decoder has them (a decoder from before does not)."""
+    try:
+        from decoder import logits
+    except ImportError:
+        return []
+    return [(logits, "host_topk")]
 
 
 # ---------------------------------------------------------------- one configuration
@@ -509,7 +520,7 @@ def markdown(results: dict) -> str:
         f"Run {results['created']}, {results.get('run_seconds', 0):.0f} s.",
         "",
         "host = decode wall time - stub forward (synced) - full-vocabulary logits reductions (argmax, top-k, "
-        "softmax, sort ... on [.., vocab] tensors, synced and timed in the same decode); per step = / decoder steps; "
+        "softmax, sort ... on [.., vocab] tensors, and the decoder's CPU top-k pass, synced and timed in the same decode); per step = / decoder steps; "
         f"the median of {s.get('repeats', 1)} decodes, each by a fresh decoder. HF = `generate(do_sample=False)` wall time / "
         f"new tokens on the same stub and batch (its whole step; fastest of {s.get('hf_repeats', 1)}). ratio = host / HF; targets: batch 1 <= 0.5x, "
         "batch 32 <= 1.0x. tokens/step per row; phases from the decoder's PhaseTimer (ms/step) when it has one.",

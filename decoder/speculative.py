@@ -19,6 +19,7 @@ import torch
 
 from datastore.tree import DraftTree
 from decoder import _step, kv
+from decoder import logits as logits_pass
 from decoder.attention import TreeSlots, build_batch, prefill_inputs
 from decoder.calibration import Calibration
 from decoder.cost import CostModel, measure_latency
@@ -400,6 +401,9 @@ class SpeculativeDecoder:
         one device->host copy. The top-k already holds the argmax; where the two best logits tie
         exactly, argmax's first-index choice is taken instead (what plain greedy decoding picks)."""
         k = self._topk
+        top = logits_pass.host_topk(logits, max(k, 1))  # CPU float32: one C pass, ties -> smaller id
+        if top is not None:
+            return top[..., 0].copy(), (top if k else None)
         if k == 0:
             return logits.argmax(dim=-1).cpu().numpy(), None
         values, indices = logits.topk(max(k, 2), dim=-1)  # [B, q, k']

@@ -273,5 +273,41 @@ def test_reduce_matches_argmax_on_exact_ties(dtype, k):
     assert argmax.dtype == np.int64 and argmax.tolist() == logits.argmax(dim=-1).tolist()
     if k == 0:
         assert top is None
-    else:
-        assert top.shape == (3, 5, k) and top.tolist() == logits.topk(max(k, 2), dim=-1).indices[..., :k].tolist()
+    else:  # the k largest logits, largest first (tied ids in either order)
+        assert top.shape == (3, 5, k)
+        picked = logits.gather(-1, torch.from_numpy(top))
+        assert torch.equal(picked, logits.topk(k, dim=-1).values)
+
+
+def _reference_topk(x: np.ndarray, k: int) -> np.ndarray:
+    """[n, V] -> [n, k] ids by descending value, equal values by ascending id (naive sort)."""
+    return np.stack([np.lexsort((np.arange(row.shape[0]), -row))[:k] for row in x])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.integers(1, 3), st.integers(1, 200), st.integers(1, 12))
+def test_host_topk_equals_a_sort(seed, b, q, v, k):
+    """decoder.logits.host_topk (one C pass) against a full sort, with many ties (few distinct
+    values), -0.0 and 0.0, infinities and widths around its 16-logit blocks."""
+    from decoder.logits import host_topk
+
+    rng = np.random.default_rng(seed)
+    values = np.array([-np.inf, -1.5, -0.0, 0.0, 0.25, 2.0, 7.0, np.inf], dtype=np.float32)
+    x = rng.choice(values, size=(b, q, v)) if rng.random() < 0.5 else rng.standard_normal((b, q, v)).astype(np.float32)
+    got = host_topk(torch.from_numpy(x), k)
+    if k > v:
+        assert got is None
+        return
+    want = _reference_topk(x.reshape(b * q, v), k).reshape(b, q, k)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+
+
+def test_host_topk_declines_what_it_cannot_do():
+    from decoder.logits import host_topk
+
+    x = torch.randn(1, 2, 40)
+    assert host_topk(x.to(torch.bfloat16), 2) is None  # not float32
+    assert host_topk(x[..., ::2], 2) is None  # not contiguous
+    assert host_topk(x, 65) is None  # more than the C pass keeps
+    x[0, 1, 17] = float("nan")
+    assert host_topk(x, 2) is None  # torch orders NaNs
