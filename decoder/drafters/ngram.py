@@ -18,7 +18,6 @@ import heapq
 from typing import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from datastore.tree import DraftTree
 from decoder.drafters._util import SCALE, as_tokens, empty_tree, lists_tree, token_list
@@ -65,17 +64,17 @@ class NGramTables:
         return self.n
 
     def extend(self, tokens: np.ndarray | list[int]) -> None:
+        """Count every new position in every order: a few dict updates each. The prompt used to go
+        through numpy (np.unique over sliding windows, then a dict update per distinct n-gram):
+        2.8x slower on HumanEval prompts (368 vs 132 us), still 2x at 6,000 tokens or 11 orders."""
         new = tokens if isinstance(tokens, list) else np.asarray(tokens, dtype=np.int64).reshape(-1).tolist()
-        if len(new) > 16:  # the prompt: count in numpy
-            self._extend_bulk(new)
-        else:  # a step's accepted tokens: a few dict updates each, no numpy
-            self._extend_few(new)
+        self._extend(new)
         self.n += len(new)
         if new:
             self.max_token = max(self.max_token, max(new))
         self._recent = (self._recent + new)[-self.hi :]
 
-    def _extend_few(self, new: list[int]) -> None:
+    def _extend(self, new: list[int]) -> None:
         window = self._recent + new  # the last hi tokens before the new ones, then the new ones
         counts, top, look, look_by = self.counts, self._top, self._look, self._look_by
         lo, hi = self.lo, self.hi
@@ -92,23 +91,6 @@ class NGramTables:
                 if look_by:
                     for path in look_by.pop(prefix, ()):
                         look.pop(path, None)
-
-    def _extend_bulk(self, new: list[int]) -> None:
-        seq = np.array(self._recent + new, dtype=np.int64)
-        old = len(self._recent)
-        self._look.clear()
-        self._look_by.clear()
-        for k in range(self.lo, self.hi + 1):
-            first = max(old, k)  # positions i of the newly known "prefix -> seq[i]" entries
-            if first >= seq.shape[0]:
-                continue
-            grams = sliding_window_view(seq[first - k :], k + 1)  # [g, k+1] prefix + next
-            uniq, cnt = np.unique(grams, axis=0, return_counts=True)
-            for row, c in zip(uniq.tolist(), cnt.tolist()):  # per distinct n-gram
-                prefix = tuple(row[:-1])
-                table = self.counts.setdefault(prefix, {})
-                table[row[-1]] = table.get(row[-1], 0) + c
-                self._top.pop(prefix, None)
 
     def best(self, prefix: tuple[int, ...]) -> tuple[list[tuple[int, int]], int]:
         """([(token, count)] most frequent first (ties: smaller id), <= max_children; total count
