@@ -582,7 +582,7 @@ def plot(results: dict, out: Path) -> None:
         ax.grid(axis="y", alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    handles, labels = {}, []
+    handles = {}
     for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)

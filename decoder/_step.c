@@ -20,7 +20,7 @@
 #endif
 
 #define EVIDENCE_BINS 8
-#define MAX_VIEWS 16
+#define MAX_VIEWS 32
 
 /* ------------------------------------------------------------------------------------ buffers */
 
@@ -659,9 +659,177 @@ static PyObject *py_inputs(PyObject *self, PyObject *args) {
 
 /* -------------------------------------------------------------------------------- acceptance */
 
-/* accept(tokens, parents, depths, starts, argmax [B, q], best_out [B], length_out [B]) -> width:
- * per row the deepest node agreeing with the argmax all the way from the root (first in level
- * order on ties; -1 none) and its depth. */
+/* The cores below work on plain arrays, without the GIL; the py_* functions around them parse
+ * their own arguments, and `settle` runs several in one call. */
+
+/* Per row the deepest node agreeing with the argmax [B, q] all the way from the root (first in
+ * level order on ties; -1 none) and its depth; *width = the largest depth. */
+static int accept_core(const int64_t *tok, const int64_t *par, const int64_t *dep, const int64_t *starts,
+                       int64_t b, int64_t k, const int64_t *arg, int64_t q, int64_t *best, int64_t *length,
+                       int64_t *width) {
+    char *ok = malloc((size_t)k + 1);
+    if (!ok) return E_NOMEM;
+    int err = OK;
+    *width = 0;
+    for (int64_t r = 0; r < b && !err; r++) {
+        int64_t lo = starts[r], hi = starts[r + 1], bi = -1, bs = 0;
+        if (hi < lo || hi - lo + 1 > q) { err = hi < lo ? E_SHAPE : E_SLOT; break; }
+        const int64_t *ar = arg + r * q;
+        for (int64_t i = lo; i < hi; i++) {
+            int64_t u = par[i];
+            if (u >= 0 && (u < lo || u >= i)) { err = E_PARENT; break; }
+            ok[i] = tok[i] == ar[u >= 0 ? 1 + u - lo : 0] && (u < 0 || ok[u]);
+            int64_t score = ok[i] ? dep[i] : 0;
+            if (score > bs) bs = score, bi = i;
+        }
+        best[r] = bi;
+        length[r] = bi >= 0 ? dep[bi] : 0;
+        if (length[r] > *width) *width = length[r];
+    }
+    free(ok);
+    return err;
+}
+
+/* The accepted paths [B, w] (-1 padded) and their tokens followed by the bonus token [B, w + 1]
+ * (0 padded), w >= every length. */
+static int fill_core(const int64_t *tok, const int64_t *par, const int64_t *starts, int64_t b, int64_t k,
+                     const int64_t *arg, int64_t q, const int64_t *best, const int64_t *length, int64_t *path,
+                     int64_t w, int64_t *out) {
+    for (int64_t r = 0; r < b; r++) {
+        int64_t *pr = path + r * w, *orow = out + r * (w + 1), len = length[r], node = best[r];
+        if (len < 0 || len > w || node >= k) return E_SHAPE;
+        for (int64_t j = 0; j < w; j++) pr[j] = -1;
+        for (int64_t j = 0; j <= w; j++) orow[j] = 0;
+        int64_t last = node >= 0 ? 1 + node - starts[r] : 0;
+        if (last >= q) return E_SLOT;
+        for (int64_t j = len - 1; j >= 0 && node >= 0; j--) {
+            pr[j] = node;
+            orow[j] = tok[node];
+            node = par[node];
+        }
+        orow[len] = arg[r * q + last];
+    }
+    return OK;
+}
+
+/* How many of each row's accepted tokens + bonus (tokens [B, w1]) to commit: at most remaining,
+ * up to and including the first EOS. reason: 0 go on, 1 length, 2 eos (commit_lengths). */
+static int cut_core(const int64_t *tok, int64_t w1, const int64_t *len, const int64_t *rem, const int64_t *eos,
+                    int64_t ne, int64_t b, int64_t *n, int64_t *reason) {
+    for (int64_t r = 0; r < b; r++) {
+        if (len[r] < 0 || len[r] + 1 > w1) return E_SHAPE;
+        int64_t k = len[r] + 1 < rem[r] ? len[r] + 1 : rem[r];
+        int64_t why = k == rem[r] ? 1 : 0;
+        const int64_t *t = tok + r * w1;
+        for (int64_t j = 0; j < k && ne; j++) {
+            int64_t hit = 0;
+            for (int64_t e = 0; e < ne; e++) hit |= t[j] == eos[e];
+            if (hit) { k = j + 1, why = 2; break; }
+        }
+        n[r] = k, reason[r] = why;
+    }
+    return OK;
+}
+
+/* The new cache slots each row keeps [B, 1 + w]: its last committed token (slot 0) then its
+ * accepted path (slot 1 + local), holes (index 0, not valid) after the path. *prefix: whether
+ * the first `wp` columns are 0, 1, ... on every row (a crop keeps the cache right). */
+static int compact_core(const int64_t *local, int64_t k, const int64_t *path, int64_t w, const int64_t *len,
+                        int64_t b, int64_t wp, int64_t *idx, char *valid, int *prefix) {
+    *prefix = 1;
+    for (int64_t r = 0; r < b; r++) {
+        const int64_t *pr = path + r * w;
+        int64_t *ir = idx + r * (w + 1);
+        char *vr = valid + r * (w + 1);
+        if (len[r] < 0 || len[r] > w) return E_SHAPE;
+        ir[0] = 0;
+        for (int64_t j = 0; j < w; j++) {
+            int64_t node = pr[j];
+            if (node >= k) return E_SLOT;
+            ir[1 + j] = node >= 0 ? 1 + local[node] : 0;
+        }
+        for (int64_t j = 0; j <= w; j++) {
+            vr[j] = j < 1 + len[r];
+            if (j < wp) *prefix &= ir[j] == j;
+        }
+    }
+    return OK;
+}
+
+/* The model's token after each merged node's parent [n] (the root: the row's first token), -1
+ * where the model did not go through the parent (see decoder.calibration). */
+static int after_core(const int64_t *par, int64_t n, const int64_t *starts, int64_t b, const int64_t *km,
+                      int64_t k, const int64_t *path, int64_t w, const int64_t *tok, int64_t *out) {
+    int64_t *chosen = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!chosen) return E_NOMEM;
+    int err = OK;
+    for (int64_t i = 0; i < n; i++) chosen[i] = -1;
+    for (int64_t r = 0; r < b && !err; r++)
+        for (int64_t j = 0; j < w; j++) {
+            int64_t node = path[r * w + j];
+            if (node < 0) continue;
+            if (node >= k || km[node] < 0 || km[node] >= n) { err = E_SLOT; break; }
+            chosen[km[node]] = tok[r * (w + 1) + j + 1];
+        }
+    for (int64_t r = 0; r < b && !err; r++)
+        for (int64_t i = starts[r]; i < starts[r + 1]; i++) {
+            if (par[i] >= n) { err = E_PARENT; break; }
+            out[i] = par[i] >= 0 ? chosen[par[i]] : tok[r * (w + 1)];
+        }
+    free(chosen);
+    return err;
+}
+
+/* Calibration.update_rows in place on predicted/hits [S, D, E]; *u = rows updated. Each row with
+ * a tested node (after >= 0) decays the sums once, in row order; the additions run source by
+ * source, node by node, as numpy's add.at over np.nonzero((raw_p > 0).T) did: bit-identical. */
+static int calibrate_core(const int64_t *tok, const int64_t *dep, const int64_t *starts, int64_t b, int64_t n,
+                          const double *raw, int64_t S, const int64_t *bins, const int64_t *after, double decay,
+                          double *pred, double *hits, int64_t D, int64_t *u_out) {
+    int64_t cells = S * D * EVIDENCE_BINS, u = 0;
+    double *weight = malloc(sizeof(double) * (size_t)(b + 1));  /* [B] decay ** (rows updating after r) */
+    int64_t *row = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    int err = OK;
+    if (!weight || !row) err = E_NOMEM;
+    for (int64_t r = 0; r < b && !err; r++) {
+        int64_t any = 0;
+        for (int64_t i = starts[r]; i < starts[r + 1]; i++) {
+            row[i] = r;
+            any |= after[i] >= 0;
+        }
+        weight[r] = (double)any;  /* mark; turned into the weight below */
+        u += any;
+    }
+    for (int64_t i = 0; i < n * S && !err; i++)
+        if (bins[i] < 0 || bins[i] >= EVIDENCE_BINS) err = E_SLOT;
+    if (!err && u) {
+        int64_t seen = 0;
+        for (int64_t r = 0; r < b; r++) {
+            seen += weight[r] != 0.0;
+            weight[r] = pow(decay, (double)(u - seen));
+        }
+        double f = pow(decay, (double)u);
+        for (int64_t c = 0; c < cells; c++) pred[c] *= f;
+        for (int64_t c = 0; c < cells; c++) hits[c] *= f;
+        for (int64_t s = 0; s < S; s++)
+            for (int64_t i = 0; i < n; i++) {
+                double p = raw[i * S + s];
+                if (after[i] < 0 || !(p > 0)) continue;
+                int64_t col = (dep[i] < D ? dep[i] : D) - 1;
+                if (col < 0) col += D;  /* numpy's negative index: depth 0 reads the last column */
+                int64_t c = (s * D + col) * EVIDENCE_BINS + bins[i * S + s];
+                double w = weight[row[i]];
+                pred[c] += p * w;
+                hits[c] += (tok[i] == after[i] ? 1.0 : 0.0) * w;
+            }
+    }
+    free(weight);
+    free(row);
+    *u_out = err ? 0 : u;
+    return err;
+}
+
+/* accept(tokens, parents, depths, starts, argmax [B, q], best_out [B], length_out [B]) -> width. */
 static PyObject *py_accept(PyObject *self, PyObject *args) {
     PyObject *o_tok, *o_par, *o_dep, *o_starts, *o_arg, *o_best, *o_len;
     if (!PyArg_ParseTuple(args, "OOOOOOO", &o_tok, &o_par, &o_dep, &o_starts, &o_arg, &o_best, &o_len)) return NULL;
@@ -679,37 +847,18 @@ static PyObject *py_accept(PyObject *self, PyObject *args) {
     int64_t b = b1 - 1;
     if (k2 != k || k3 != k || b < 0 || nb != b || nl != b || (b && (starts[0] != 0 || starts[b] != k)))
         return raise(&vs, E_SHAPE);
-    int64_t q = b ? na / b : 0;
+    int64_t q = b ? na / b : 0, width = 0;
     if (na != b * q) return raise(&vs, E_SHAPE);
-    int err = OK;
-    int64_t width = 0;
+    int err;
     Py_BEGIN_ALLOW_THREADS
-    char *ok = malloc((size_t)k + 1);
-    if (!ok) err = E_NOMEM;
-    for (int64_t r = 0; r < b && !err; r++) {
-        int64_t lo = starts[r], hi = starts[r + 1], bi = -1, bs = 0;
-        if (hi < lo || hi - lo + 1 > q) { err = hi < lo ? E_SHAPE : E_SLOT; break; }
-        const int64_t *ar = arg + r * q;
-        for (int64_t i = lo; i < hi; i++) {
-            int64_t u = par[i];
-            if (u >= 0 && (u < lo || u >= i)) { err = E_PARENT; break; }
-            ok[i] = tok[i] == ar[u >= 0 ? 1 + u - lo : 0] && (u < 0 || ok[u]);
-            int64_t score = ok[i] ? dep[i] : 0;
-            if (score > bs) bs = score, bi = i;
-        }
-        best[r] = bi;
-        length[r] = bi >= 0 ? dep[bi] : 0;
-        if (length[r] > width) width = length[r];
-    }
-    free(ok);
+    err = accept_core(tok, par, dep, starts, b, k, arg, q, best, length, &width);
     Py_END_ALLOW_THREADS
     if (err) return raise(&vs, err);
     views_release(&vs);
     return PyLong_FromLongLong(width);
 }
 
-/* accept_fill(tokens, parents, starts, argmax [B, q], best, length, path [B, W], out [B, W + 1]):
- * the accepted paths (-1 padded) and their tokens followed by the bonus token (0 padded). */
+/* accept_fill(tokens, parents, starts, argmax [B, q], best, length, path [B, W], out [B, W + 1]). */
 static PyObject *py_accept_fill(PyObject *self, PyObject *args) {
     PyObject *o_tok, *o_par, *o_starts, *o_arg, *o_best, *o_len, *o_path, *o_out;
     if (!PyArg_ParseTuple(args, "OOOOOOOO", &o_tok, &o_par, &o_starts, &o_arg, &o_best, &o_len, &o_path, &o_out))
@@ -730,22 +879,9 @@ static PyObject *py_accept_fill(PyObject *self, PyObject *args) {
     if (k2 != k || b < 0 || nb != b || nl != b) return raise(&vs, E_SHAPE);
     int64_t q = b ? na / b : 0, w = b ? np_ / b : 0;
     if (na != b * q || np_ != b * w || no != b * (w + 1)) return raise(&vs, E_SHAPE);
-    int err = OK;
+    int err;
     Py_BEGIN_ALLOW_THREADS
-    for (int64_t r = 0; r < b && !err; r++) {
-        int64_t *pr = path + r * w, *orow = out + r * (w + 1), len = length[r], node = best[r];
-        if (len < 0 || len > w || node >= k) { err = E_SHAPE; break; }
-        for (int64_t j = 0; j < w; j++) pr[j] = -1;
-        for (int64_t j = 0; j <= w; j++) orow[j] = 0;
-        int64_t last = node >= 0 ? 1 + node - starts[r] : 0;
-        if (last >= q) { err = E_SLOT; break; }
-        for (int64_t j = len - 1; j >= 0 && node >= 0; j--) {
-            pr[j] = node;
-            orow[j] = tok[node];
-            node = par[node];
-        }
-        orow[len] = arg[r * q + last];
-    }
+    err = fill_core(tok, par, starts, b, k, arg, q, best, length, path, w, out);
     Py_END_ALLOW_THREADS
     if (err) return raise(&vs, err);
     views_release(&vs);
@@ -754,9 +890,7 @@ static PyObject *py_accept_fill(PyObject *self, PyObject *args) {
 
 /* ------------------------------------------------------------------------ after the forward */
 
-/* cut(tokens [B, W + 1], length [B], remaining [B], eos [e], n_out [B], reason_out [B]): how many
- * of each row's accepted tokens + bonus to commit: at most remaining, up to and including the
- * first EOS. reason: 0 go on, 1 length, 2 eos (commit_lengths). */
+/* cut(tokens [B, W + 1], length [B], remaining [B], eos [e], n_out [B], reason_out [B]). */
 static PyObject *py_cut(PyObject *self, PyObject *args) {
     PyObject *o_tok, *o_len, *o_rem, *o_eos, *o_n, *o_reason;
     if (!PyArg_ParseTuple(args, "OOOOOO", &o_tok, &o_len, &o_rem, &o_eos, &o_n, &o_reason)) return NULL;
@@ -772,20 +906,9 @@ static PyObject *py_cut(PyObject *self, PyObject *args) {
     if (!(reason = view(&vs, o_reason, 'q', 1, &bz, "reason"))) return fail(&vs);
     int64_t w1 = b ? nt / b : 0;
     if (br != b || bn != b || bz != b || nt != b * w1) return raise(&vs, E_SHAPE);
-    int err = OK;
+    int err;
     Py_BEGIN_ALLOW_THREADS
-    for (int64_t r = 0; r < b; r++) {
-        int64_t k = len[r] + 1 < rem[r] ? len[r] + 1 : rem[r];
-        if (len[r] < 0 || len[r] + 1 > w1) { err = E_SHAPE; break; }
-        int64_t why = k == rem[r] ? 1 : 0;
-        const int64_t *t = tok + r * w1;
-        for (int64_t j = 0; j < k && ne; j++) {
-            int64_t hit = 0;
-            for (int64_t e = 0; e < ne; e++) hit |= t[j] == eos[e];
-            if (hit) { k = j + 1, why = 2; break; }
-        }
-        n[r] = k, reason[r] = why;
-    }
+    err = cut_core(tok, w1, len, rem, eos, ne, b, n, reason);
     Py_END_ALLOW_THREADS
     if (err) return raise(&vs, err);
     views_release(&vs);
@@ -793,9 +916,7 @@ static PyObject *py_cut(PyObject *self, PyObject *args) {
 }
 
 /* compact(kept_local [k], path [B, W], length [B], idx_out [B, 1 + W], valid_out [B, 1 + W] bool)
- * -> whether idx is 0, 1, ..., W on every row (a crop keeps the cache right): the new cache slots
- * each row keeps, its last committed token (slot 0) then its accepted path (slot 1 + local),
- * holes (index 0, not valid) after the path. */
+ * -> whether idx is 0, 1, ..., W on every row. */
 static PyObject *py_compact(PyObject *self, PyObject *args) {
     PyObject *o_local, *o_path, *o_len, *o_idx, *o_valid;
     if (!PyArg_ParseTuple(args, "OOOOO", &o_local, &o_path, &o_len, &o_idx, &o_valid)) return NULL;
@@ -811,24 +932,9 @@ static PyObject *py_compact(PyObject *self, PyObject *args) {
     if (!(valid = view(&vs, o_valid, '?', 1, &nv, "valid"))) return fail(&vs);
     int64_t w = b ? np_ / b : 0;
     if (np_ != b * w || ni != b * (w + 1) || nv != ni) return raise(&vs, E_SHAPE);
-    int err = OK, prefix = 1;
+    int err, prefix;
     Py_BEGIN_ALLOW_THREADS
-    for (int64_t r = 0; r < b && !err; r++) {
-        const int64_t *pr = path + r * w;
-        int64_t *ir = idx + r * (w + 1);
-        char *vr = valid + r * (w + 1);
-        if (len[r] < 0 || len[r] > w) { err = E_SHAPE; break; }
-        ir[0] = 0;
-        for (int64_t j = 0; j < w; j++) {
-            int64_t node = pr[j];
-            if (node >= k) { err = E_SLOT; break; }
-            ir[1 + j] = node >= 0 ? 1 + local[node] : 0;
-        }
-        for (int64_t j = 0; j <= w; j++) {
-            vr[j] = j < 1 + len[r];
-            prefix &= ir[j] == j;
-        }
-    }
+    err = compact_core(local, k, path, w, len, b, w + 1, idx, valid, &prefix);
     Py_END_ALLOW_THREADS
     if (err) return raise(&vs, err);
     views_release(&vs);
@@ -875,9 +981,7 @@ static PyObject *py_credit(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* after(parents [n], starts [B + 1], kept_merged [k], path [B, W], tokens [B, W + 1], out [n]):
- * the model's token after each merged node's parent (the root: its first token), -1 where the
- * model did not go through the parent (see decoder.calibration). */
+/* after(parents [n], starts [B + 1], kept_merged [k], path [B, W], tokens [B, W + 1], out [n]). */
 static PyObject *py_after(PyObject *self, PyObject *args) {
     PyObject *o_par, *o_starts, *o_km, *o_path, *o_tok, *o_out;
     if (!PyArg_ParseTuple(args, "OOOOOO", &o_par, &o_starts, &o_km, &o_path, &o_tok, &o_out)) return NULL;
@@ -894,24 +998,9 @@ static PyObject *py_after(PyObject *self, PyObject *args) {
     int64_t b = b1 - 1, w = b > 0 ? np_ / b : 0;
     if (b < 0 || no != n || np_ != b * w || nt != b * (w + 1) || (b && (starts[0] != 0 || starts[b] != n)))
         return raise(&vs, E_SHAPE);
-    int err = OK;
+    int err;
     Py_BEGIN_ALLOW_THREADS
-    int64_t *chosen = malloc(sizeof(int64_t) * (size_t)(n + 1));
-    if (!chosen) err = E_NOMEM;
-    for (int64_t i = 0; i < n && !err; i++) chosen[i] = -1;
-    for (int64_t r = 0; r < b && !err; r++)
-        for (int64_t j = 0; j < w; j++) {
-            int64_t node = path[r * w + j];
-            if (node < 0) continue;
-            if (node >= k || km[node] < 0 || km[node] >= n) { err = E_SLOT; break; }
-            chosen[km[node]] = tok[r * (w + 1) + j + 1];
-        }
-    for (int64_t r = 0; r < b && !err; r++)
-        for (int64_t i = starts[r]; i < starts[r + 1]; i++) {
-            if (par[i] >= n) { err = E_PARENT; break; }
-            out[i] = par[i] >= 0 ? chosen[par[i]] : tok[r * (w + 1)];
-        }
-    free(chosen);
+    err = after_core(par, n, starts, b, km, k, path, w, tok, out);
     Py_END_ALLOW_THREADS
     if (err) return raise(&vs, err);
     views_release(&vs);
@@ -919,9 +1008,7 @@ static PyObject *py_after(PyObject *self, PyObject *args) {
 }
 
 /* calibrate(tokens [n], depths [n], starts [B + 1], raw_p [n, S], bins [n, S], after [n], decay,
- * predicted [S, D, E], hits [S, D, E]) -> rows updated: Calibration.update_rows in place. Each row
- * with a tested node (after >= 0) decays the sums once, in row order; the additions run source
- * by source, node by node, as numpy's add.at over np.nonzero((raw_p > 0).T) did: bit-identical. */
+ * predicted [S, D, E], hits [S, D, E]) -> rows updated (calibrate_core). */
 static PyObject *py_calibrate(PyObject *self, PyObject *args) {
     PyObject *o_tok, *o_dep, *o_starts, *o_raw, *o_bins, *o_after, *o_pred, *o_hits;
     double decay;
@@ -946,50 +1033,100 @@ static PyObject *py_calibrate(PyObject *self, PyObject *args) {
     if (b < 0 || n2 != n || na != n || nb != nr || nr != n * S || nhits != npred || npred != S * D * EVIDENCE_BINS
         || (n && D < 1) || (b && (starts[0] != 0 || starts[b] != n)))
         return raise(&vs, E_SHAPE);
-    int err = OK;
+    int err;
     int64_t u = 0;
     Py_BEGIN_ALLOW_THREADS
-    double *weight = malloc(sizeof(double) * (size_t)(b + 1));  /* [B] decay ** (rows updating after r) */
-    int64_t *row = malloc(sizeof(int64_t) * (size_t)(n + 1));
-    if (!weight || !row) err = E_NOMEM;
-    for (int64_t r = 0; r < b && !err; r++) {
-        int64_t any = 0;
-        for (int64_t i = starts[r]; i < starts[r + 1]; i++) {
-            row[i] = r;
-            any |= after[i] >= 0;
-        }
-        weight[r] = (double)any;  /* mark; turned into the weight below */
-        u += any;
-    }
-    for (int64_t i = 0; i < n * S && !err; i++)
-        if (bins[i] < 0 || bins[i] >= EVIDENCE_BINS) err = E_SLOT;
-    if (!err && u) {
-        int64_t seen = 0;
-        for (int64_t r = 0; r < b; r++) {
-            seen += weight[r] != 0.0;
-            weight[r] = pow(decay, (double)(u - seen));
-        }
-        double f = pow(decay, (double)u);
-        for (int64_t c = 0; c < npred; c++) pred[c] *= f;
-        for (int64_t c = 0; c < npred; c++) hits[c] *= f;
-        for (int64_t s = 0; s < S; s++)
-            for (int64_t i = 0; i < n; i++) {
-                double p = raw[i * S + s];
-                if (after[i] < 0 || !(p > 0)) continue;
-                int64_t col = (dep[i] < D ? dep[i] : D) - 1;
-                if (col < 0) col += D;  /* numpy's negative index: depth 0 reads the last column */
-                int64_t c = (s * D + col) * EVIDENCE_BINS + bins[i * S + s];
-                double w = weight[row[i]];
-                pred[c] += p * w;
-                hits[c] += (tok[i] == after[i] ? 1.0 : 0.0) * w;
-            }
-    }
-    free(weight);
-    free(row);
+    err = calibrate_core(tok, dep, starts, b, n, raw, S, bins, after, decay, pred, hits, D, &u);
     Py_END_ALLOW_THREADS
     if (err) return raise(&vs, err);
     views_release(&vs);
     return PyLong_FromLongLong(u);
+}
+
+/* settle(kept tokens, parents, depths, starts, local, merged, argmax [B, q], remaining [B], eos,
+ * calibration | None, path [B, Wa], tokens [B, Wa + 1], length [B], cut [B], reason [B],
+ * idx [B, 1 + Wa], valid [B, 1 + Wa] bool) -> (W, crop, rows calibrated): a greedy step's host work
+ * after the forward in one call: acceptance (accept + accept_fill), the commit cut (cut), the cache
+ * slots kept (compact; crop over the first 1 + W columns, W = the longest path <= Wa) and, when
+ * calibration = (merged tokens, parents, depths, starts, raw_p, bins, decay, predicted, hits), the
+ * calibration update (after + calibrate). Outputs past column W are padding (-1 paths, 0 tokens,
+ * holes). Each was ~5-10 us of numpy and argument handling at batch 1 in the decode loop. */
+static PyObject *py_settle(PyObject *self, PyObject *args) {
+    PyObject *o_kt, *o_kp, *o_kd, *o_ks, *o_kl, *o_km, *o_arg, *o_rem, *o_eos, *o_cal;
+    PyObject *o_path, *o_tok, *o_len, *o_cut, *o_reason, *o_idx, *o_valid;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOO", &o_kt, &o_kp, &o_kd, &o_ks, &o_kl, &o_km, &o_arg, &o_rem,
+                          &o_eos, &o_cal, &o_path, &o_tok, &o_len, &o_cut, &o_reason, &o_idx, &o_valid))
+        return NULL;
+    Views vs = {.n = 0};
+    int64_t k, k2, k3, k4, k5, b1, na, br, ne, np_, nt, nl, nc, nr, ni, nv;
+    const int64_t *kt, *kp, *kd, *ks, *kl, *km, *arg, *rem, *eos;
+    int64_t *path, *tok, *len, *cut, *reason, *idx;
+    char *valid;
+    if (!(kt = view(&vs, o_kt, 'q', 0, &k, "kept tokens"))) return fail(&vs);
+    if (!(kp = view(&vs, o_kp, 'q', 0, &k2, "kept parents"))) return fail(&vs);
+    if (!(kd = view(&vs, o_kd, 'q', 0, &k3, "kept depths"))) return fail(&vs);
+    if (!(ks = view(&vs, o_ks, 'q', 0, &b1, "kept starts"))) return fail(&vs);
+    if (!(kl = view(&vs, o_kl, 'q', 0, &k4, "kept local"))) return fail(&vs);
+    if (!(km = view(&vs, o_km, 'q', 0, &k5, "kept merged"))) return fail(&vs);
+    if (!(arg = view(&vs, o_arg, 'q', 0, &na, "argmax"))) return fail(&vs);
+    if (!(rem = view(&vs, o_rem, 'q', 0, &br, "remaining"))) return fail(&vs);
+    if (!(eos = view(&vs, o_eos, 'q', 0, &ne, "eos"))) return fail(&vs);
+    if (!(path = view(&vs, o_path, 'q', 1, &np_, "path"))) return fail(&vs);
+    if (!(tok = view(&vs, o_tok, 'q', 1, &nt, "tokens"))) return fail(&vs);
+    if (!(len = view(&vs, o_len, 'q', 1, &nl, "length"))) return fail(&vs);
+    if (!(cut = view(&vs, o_cut, 'q', 1, &nc, "cut"))) return fail(&vs);
+    if (!(reason = view(&vs, o_reason, 'q', 1, &nr, "reason"))) return fail(&vs);
+    if (!(idx = view(&vs, o_idx, 'q', 1, &ni, "idx"))) return fail(&vs);
+    if (!(valid = view(&vs, o_valid, '?', 1, &nv, "valid"))) return fail(&vs);
+    int64_t b = b1 - 1;
+    if (b < 1 || k2 != k || k3 != k || k4 != k || k5 != k || br != b || nl != b || nc != b || nr != b
+        || ks[0] != 0 || ks[b] != k)
+        return raise(&vs, E_SHAPE);
+    int64_t q = na / b, wa = np_ / b;
+    if (na != b * q || np_ != b * wa || nt != b * (wa + 1) || ni != b * (wa + 1) || nv != ni) return raise(&vs, E_SHAPE);
+    /* calibration: merged tokens, parents, depths, starts, raw_p, bins, decay, predicted, hits */
+    int cal = o_cal != Py_None;
+    const int64_t *mt = NULL, *mp = NULL, *md = NULL, *ms = NULL, *mb = NULL;
+    const double *raw = NULL;
+    double *pred = NULL, *hits = NULL, decay = 1.0;
+    int64_t n = 0, S = 0, D = 0;
+    if (cal) {
+        PyObject *a[9];
+        if (!PyArg_ParseTuple(o_cal, "OOOOOOdOO", &a[0], &a[1], &a[2], &a[3], &a[4], &a[5], &decay, &a[7], &a[8]))
+            return fail(&vs);
+        int64_t n2, n3, mb1, nraw, nbins, npred, nhits;
+        if (!(mt = view(&vs, a[0], 'q', 0, &n, "merged tokens"))) return fail(&vs);
+        if (!(mp = view(&vs, a[1], 'q', 0, &n2, "merged parents"))) return fail(&vs);
+        if (!(md = view(&vs, a[2], 'q', 0, &n3, "merged depths"))) return fail(&vs);
+        if (!(ms = view(&vs, a[3], 'q', 0, &mb1, "merged starts"))) return fail(&vs);
+        if (!(raw = view(&vs, a[4], 'd', 0, &nraw, "raw_p"))) return fail(&vs);
+        if (!(mb = view(&vs, a[5], 'q', 0, &nbins, "bins"))) return fail(&vs);
+        if (!(pred = view(&vs, a[7], 'd', 1, &npred, "predicted"))) return fail(&vs);
+        if (!(hits = view(&vs, a[8], 'd', 1, &nhits, "hits"))) return fail(&vs);
+        S = n ? nraw / n : 0;
+        D = S ? npred / (S * EVIDENCE_BINS) : 0;
+        if (n2 != n || n3 != n || mb1 != b1 || nbins != nraw || nraw != n * S || nhits != npred
+            || npred != S * D * EVIDENCE_BINS || (n && D < 1) || ms[0] != 0 || ms[b] != n)
+            return raise(&vs, E_SHAPE);
+    }
+    int err = OK, crop = 0;
+    int64_t width = 0, u = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int64_t *best = malloc(sizeof(int64_t) * (size_t)b), *after = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!best || !after) err = E_NOMEM;
+    if (!err) err = accept_core(kt, kp, kd, ks, b, k, arg, q, best, len, &width);
+    if (!err && width > wa) err = E_SHAPE;
+    if (!err) err = fill_core(kt, kp, ks, b, k, arg, q, best, len, path, wa, tok);
+    if (!err) err = cut_core(tok, wa + 1, len, rem, eos, ne, b, cut, reason);
+    if (!err) err = compact_core(kl, k, path, wa, len, b, width + 1, idx, valid, &crop);
+    if (!err && cal && n) err = after_core(mp, n, ms, b, km, k, path, wa, tok, after);
+    if (!err && cal && n) err = calibrate_core(mt, md, ms, b, n, raw, S, mb, after, decay, pred, hits, D, &u);
+    free(best);
+    free(after);
+    Py_END_ALLOW_THREADS
+    if (err) return raise(&vs, err);
+    views_release(&vs);
+    return Py_BuildValue("LiL", (long long)width, crop, (long long)u);
 }
 
 /* factors(hits [S, D, E], predicted [S, D, E], prior, max_factor, out [S, D, E]): Calibration.factors,
@@ -1174,6 +1311,9 @@ static PyMethodDef methods[] = {
     {"accept", py_accept, METH_VARARGS, "accept(tokens, parents, depths, starts, argmax, best, length) -> width."},
     {"accept_fill", py_accept_fill, METH_VARARGS,
      "accept_fill(tokens, parents, starts, argmax, best, length, path, out)."},
+    {"settle", py_settle, METH_VARARGS,
+     "settle(kept tokens, parents, depths, starts, local, merged, argmax, remaining, eos, calibration | None, "
+     "path, tokens, length, cut, reason, idx, valid) -> (W, crop, rows calibrated)."},
     {"cut", py_cut, METH_VARARGS, "cut(tokens, length, remaining, eos, n_out, reason_out)."},
     {"compact", py_compact, METH_VARARGS, "compact(kept_local, path, length, idx_out, valid_out) -> prefix."},
     {"credit", py_credit, METH_VARARGS, "credit(sources, kept_merged, path, n, side_bits, hits_out, only_side_out)."},

@@ -88,7 +88,11 @@ class Calibration:
             bins = np.pad(bins, ((0, 0), (0, pad)))
         if _step.calibrate(_i64(tree.tokens), _i64(tree.depths), _i64(tree.starts), np.ascontiguousarray(raw_p),
                            _i64(bins), _i64(after), float(self.settings.decay), self.predicted, self.hits):
-            self._factors = None
+            self.changed()
+
+    def changed(self) -> None:
+        """predicted/hits were updated in place (here or by the decoder's `_step.settle`)."""
+        self._factors = None
 
 
 def _i64(a: np.ndarray) -> np.ndarray:

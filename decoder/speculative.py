@@ -28,7 +28,7 @@ from decoder.rows import Row, commit_lengths
 from decoder.stats import DecoderSettings, Generation, GenerationStats
 from decoder.timing import PhaseTimer
 from decoder.tree import Kept, MergedTree, kept_nodes, merge_rows, ranked, select_rows
-from decoder.verify import greedy_accept_rows, sample_accept
+from decoder.verify import sample_accept
 
 SIDE_EXPLORE = (8, 64)  # a skipped side branch rides again after 8 steps, 16, 32 ... 64 while it does not pay
 SIDE_GAIN_RATE = 0.1  # EMA rate of the side branch's yield (~10 steps of memory)
@@ -245,6 +245,7 @@ class SpeculativeDecoder:
         # read once: transformers' .device/.dtype walk the parameters (~5-10 us each, 3 a step)
         device, dtype = self.model.device, self.model.dtype
         checked = None
+        work = _Workspace(len(active), self.settings.max_depth)  # the greedy step's outputs, reused
         while active:
             timer.start()
             t0 = time.perf_counter()
@@ -265,11 +266,11 @@ class SpeculativeDecoder:
             argmax, top = self._reduce(logits)  # [B, q] int64, [B, q, k] int64 | None
             timer.lap("reduce")
             t2 = time.perf_counter()
-            path, length, counts = self._accept(active, step, logits, argmax, temperature, top_p, gen)
+            path, length, counts, keep = self._accept(active, step, logits, argmax, temperature, top_p, gen, work)
             timer.lap("accept")
             self._observe(active, step, counts, ids_host, top)
             timer.lap("observe")
-            valid = self._compact(cache, valid, old_len, step, path, length)
+            valid = self._compact(cache, valid, old_len, step, path, length, keep)
             cache, valid, finished = self._drop_finished(cache, valid, active)
             timer.lap("compact")
             timer.steps += 1
@@ -423,16 +424,20 @@ class SpeculativeDecoder:
             argmax[ties] = logits[b, j].argmax(dim=-1).cpu().numpy()
         return argmax, top[..., :k]
 
-    def _accept(self, rows: list[Row], step: _Step, logits, argmax: np.ndarray, temperature, top_p, gen):
+    def _accept(self, rows: list[Row], step: _Step, logits, argmax: np.ndarray, temperature, top_p, gen,
+                work: "_Workspace"):
         """Verify every row, commit its tokens, credit sources, update calibration and the side
-        branches. -> (path [B, D] kept-node indices, -1 padded; path length [B]; tokens committed [B])."""
+        branches. -> (path [B, D] kept-node indices, -1 padded; path length [B]; tokens committed [B];
+        the cache slots to keep, (idx [B, 1 + W], valid [B, 1 + W], crop) or None: _compact makes them)."""
         kept = step.kept
+        remaining = np.asarray([r.remaining for r in rows], dtype=np.int64)  # [B]
         if temperature > 0:
             path, length, tokens = self._sample(kept, logits, temperature, top_p, gen)
-        else:
-            path, length, tokens = greedy_accept_rows(step.slots(), argmax)
-        remaining = np.asarray([r.remaining for r in rows], dtype=np.int64)
-        cut, reasons = commit_lengths(tokens, length, remaining, self.eos)
+            cut, reasons = commit_lengths(tokens, length, remaining, self.eos)
+            self._calibrate(step, path, tokens)
+            keep = None
+        else:  # one C call: acceptance, commit cut, calibration, kept cache slots
+            path, length, tokens, cut, reasons, keep = self._settle(step, argmax, remaining, work)
         committed = np.zeros(len(rows), dtype=np.int64)
         sizes = np.diff(kept.starts).tolist()
         # per row: the commit itself and a few scalar updates (Python scalars: numpy's cost ~1 us each)
@@ -443,13 +448,29 @@ class SpeculativeDecoder:
             row.stats.tree_tokens += size
             row.observe_step(expected, accepted, TRUST_DECAY)
         self._credit(rows, step, path, np.minimum(committed, length))
-        self._calibrate(step, path, tokens)
         for b, span in enumerate(step.spans):
             n_tree = int(sizes[b])
             for i, start, m in span:
                 s = 1 + n_tree + start
                 self.drafters[i].side_result(rows[b].index, argmax[b, s : s + m].astype(np.int64))
-        return path, length, committed
+        return path, length, committed, keep
+
+    def _settle(self, step: _Step, argmax: np.ndarray, remaining: np.ndarray, work: "_Workspace"):
+        """Greedy: _step.settle (acceptance, cut, calibration update, kept slots) into the workspace.
+        -> (path [B, Wa], length, tokens [B, Wa + 1], cut, reasons, (idx [B, 1 + W], valid, crop))."""
+        k, m, b = step.kept, step.merged, remaining.shape[0]
+        path, tokens, length, cut, reason, idx, valid = work.views(b)
+        cal = self.calibration
+        calibrate = None
+        if cal.settings.enabled and len(m):
+            calibrate = (m.tokens, m.parents, m.depths, m.starts, m.raw_p, m.bins, float(cal.settings.decay),
+                         cal.predicted, cal.hits)
+        w, crop, updated = _step.settle(k.tokens, k.parents, k.depths, k.starts, k.local, k.merged,
+                                        argmax, remaining, self.eos, calibrate, path, tokens, length, cut,
+                                        reason, idx, valid)
+        if updated:
+            cal.changed()
+        return path, length, tokens, cut, [_REASONS[i] for i in reason.tolist()], (idx[:, : 1 + w], valid[:, : 1 + w], crop)
 
     def _sample(self, kept: Kept, logits, temperature, top_p, gen):
         """Lossless sampling, row by row (each row draws from its own distribution in order)."""
@@ -511,13 +532,17 @@ class SpeculativeDecoder:
                 d.observe_topk(tokens, topk[:, : d.topk])
 
     def _compact(self, cache, valid: np.ndarray, old_len: int, step: _Step, path: np.ndarray,
-                 length: np.ndarray) -> np.ndarray:
+                 length: np.ndarray, keep=None) -> np.ndarray:
         """Gather each row's kept slots (its last token, then its accepted path) behind its old
-        ones: one gather per layer for every row; shorter rows leave masked holes."""
-        b, w = path.shape
-        idx = np.empty((b, 1 + w), dtype=np.int64)  # [B, 1 + D] new slots kept, 0 = hole
-        new_valid = np.empty((b, 1 + w), dtype=bool)
-        crop = _step.compact(step.kept.local, path, length, idx, new_valid)
+        ones: one gather per layer for every row; shorter rows leave masked holes.
+        keep: (idx [B, 1 + D], valid [B, 1 + D], crop) when _settle made them."""
+        if keep is None:
+            b, w = path.shape
+            idx = np.empty((b, 1 + w), dtype=np.int64)  # [B, 1 + D] new slots kept, 0 = hole
+            new_valid = np.empty((b, 1 + w), dtype=bool)
+            crop = _step.compact(step.kept.local, path, length, idx, new_valid)
+        else:
+            idx, new_valid, crop = keep
         kv.keep_new(cache, old_len, idx, crop)
         return np.concatenate([valid, new_valid], axis=1)  # [B, S + 1 + D] bool
 
@@ -572,6 +597,27 @@ def _sync(device: torch.device) -> None:
 
 
 _EMPTY = DraftTree.empty("none")
+_REASONS = ("", "length", "eos")  # _step.cut's reason codes
+
+
+class _Workspace:
+    """The greedy step's output arrays for up to `rows` rows and paths of up to `depth` nodes,
+    made once per decode (each step takes the first B rows: contiguous views). Nothing keeps them
+    past the step: the rows copy their tokens, the cache gathers with the indices, valid is
+    concatenated."""
+
+    def __init__(self, rows: int, depth: int):
+        w = max(int(depth), 1)
+        self.path = np.empty((rows, w), dtype=np.int64)  # [B, Wa]
+        self.tokens = np.empty((rows, w + 1), dtype=np.int64)  # [B, Wa + 1]
+        self.small = np.empty((3, rows), dtype=np.int64)  # length, cut, reason [B]
+        self.idx = np.empty((rows, w + 1), dtype=np.int64)  # [B, 1 + Wa]
+        self.valid = np.empty((rows, w + 1), dtype=bool)  # [B, 1 + Wa]
+
+    def views(self, b: int) -> tuple[np.ndarray, ...]:
+        """-> path, tokens, length, cut, reason, idx, valid for b rows."""
+        small = self.small[:, :b] if b < self.small.shape[1] else self.small
+        return (self.path[:b], self.tokens[:b], small[0], small[1], small[2], self.idx[:b], self.valid[:b])
 
 
 def _check_sampling(max_new_tokens, temperature, top_p) -> None:

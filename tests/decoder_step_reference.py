@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from datastore.tree import DraftTree
 from decoder.attention import TreeSlots, additive
 from decoder.tree import MAX_SOURCES, EVIDENCE_BINS, Kept, MergedTree
 

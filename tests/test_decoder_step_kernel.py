@@ -125,6 +125,45 @@ def check_forest(rng: np.random.Generator, trees, sources: int, max_depths: np.n
     for x, y in zip(accepted, ref.greedy_accept_rows(slots, argmax)):
         assert same(x, y)
     check_after_forward(rng, got, k, accepted, sources)
+    check_settle(rng, got, k, argmax, sources)
+
+
+def check_settle(rng: np.random.Generator, merged, kept, argmax, sources: int) -> None:
+    """_step.settle (one call) equals acceptance, cut, compaction and calibration done one by one."""
+    b = argmax.shape[0]
+    path, length, tokens = greedy_accept_rows(TreeSlots(kept.tokens, kept.parents, kept.depths, kept.row,
+                                                        kept.starts), argmax)
+    w = path.shape[1]
+    wa = w + int(rng.integers(0, 3))  # the caller's width: any bound on the paths
+    remaining = rng.integers(1, 6, size=b).astype(np.int64)
+    eos = rng.choice(np.arange(4), size=int(rng.integers(0, 3)), replace=False).astype(np.int64)
+    settings = CalibrationSettings(depths=int(rng.integers(1, 6)), decay=0.9)
+    one, fused = Calibration(sources, settings), Calibration(sources, settings)
+    one.predicted[:] = rng.uniform(0, 3, one.predicted.shape)
+    one.hits[:] = one.predicted * rng.uniform(0, 1.2, one.predicted.shape)
+    fused.predicted[:], fused.hits[:] = one.predicted, one.hits
+    out = dict(path=np.empty((b, wa), np.int64), tokens=np.empty((b, wa + 1), np.int64),
+               length=np.empty(b, np.int64), cut=np.empty(b, np.int64), reason=np.empty(b, np.int64),
+               idx=np.empty((b, wa + 1), np.int64), valid=np.empty((b, wa + 1), bool))
+    cal = (merged.tokens, merged.parents, merged.depths, merged.starts, merged.raw_p, merged.bins,
+           settings.decay, fused.predicted, fused.hits) if len(merged) else None
+    got_w, crop, updated = _step.settle(kept.tokens, kept.parents, kept.depths, kept.starts, kept.local,
+                                        kept.merged, argmax, remaining, eos, cal, *out.values())
+    assert got_w == w and same(out["length"], length)
+    assert same(out["path"][:, :w], path) and (out["path"][:, w:] == -1).all()
+    assert same(out["tokens"][:, : w + 1], tokens) and (out["tokens"][:, w + 1:] == 0).all()
+    n, why = commit_lengths(tokens, length, remaining, eos)
+    assert same(out["cut"], n) and [("", "length", "eos")[i] for i in out["reason"].tolist()] == why
+    idx, valid = ref.compact(kept.local, path, length)
+    assert same(out["idx"][:, : w + 1], idx) and same(out["valid"][:, : w + 1], valid)
+    assert not out["valid"][:, w + 1:].any() and crop == bool((idx == np.arange(w + 1)).all())
+    if len(merged):
+        after = np.empty(len(merged), dtype=np.int64)
+        _step.after(merged.parents, merged.starts, kept.merged, path, tokens, after)
+        one.update_rows(merged, after)
+        assert updated == int(sum(bool((after[lo:hi] >= 0).any())
+                                  for lo, hi in zip(merged.starts[:-1], merged.starts[1:])))
+    assert same(fused.predicted, one.predicted) and same(fused.hits, one.hits)
 
 
 def check_after_forward(rng: np.random.Generator, merged, kept, accepted, sources: int) -> None:
@@ -203,6 +242,10 @@ def test_kernel_rejects_bad_input():
         _step.compact(i64(0), i64(3)[None], i64(1), np.empty((1, 2), np.int64), np.empty((1, 2), bool))
     with pytest.raises(TypeError):  # a float array where int64 belongs
         _step.credit(np.zeros(2), i64(0), i64(0)[None], i64(1), 0, np.zeros((1, 1), np.int64), np.empty(1))
+    with pytest.raises(ValueError):  # an accepted path longer than the caller's width (0 here)
+        _step.settle(i64(5), i64(-1), i64(1), i64(0, 1), i64(0), i64(0), i64(5, 7)[None], i64(3), i64(), None,
+                     np.empty((1, 0), np.int64), np.empty((1, 1), np.int64), *(np.empty(1, np.int64),) * 3,
+                     np.empty((1, 1), np.int64), np.empty((1, 1), bool))
     bins = np.full((2, 1), 8, dtype=np.int64)  # an evidence bin out of range
     with pytest.raises(IndexError):
         _step.calibrate(i64(1, 2), i64(1, 2), i64(0, 2), np.ones((2, 1)), bins, i64(1, 1), 0.9,
