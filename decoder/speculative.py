@@ -398,31 +398,8 @@ class SpeculativeDecoder:
         return n0, False
 
     def _reduce(self, logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
-        """-> (argmax [B, q] int64, top-k [B, q, k] int64 or None) with one read of the logits and
-        one device->host copy. The top-k already holds the argmax; where the two best logits tie
-        exactly, argmax's first-index choice is taken instead (what plain greedy decoding picks)."""
-        k = self._topk
-        top = logits_pass.host_topk(logits, max(k, 1))  # CPU float32: one C pass, ties -> smaller id
-        if top is not None:
-            return top[..., 0].copy(), (top if k else None)
-        if k == 0:
-            return logits.argmax(dim=-1).cpu().numpy(), None
-        values, indices = logits.topk(max(k, 2), dim=-1)  # [B, q, k']
-        if logits.device.type == "cpu":  # already host memory: numpy reads both, no torch op
-            # (on this CPU each torch op right after topk cost 20-40 us: 4 of them were ~90 us)
-            top = indices.numpy()
-            best2 = (values if values.dtype == torch.float32 else values.float()).numpy()[..., :2]
-            tie = best2[..., 0] == best2[..., 1]  # [B, q]
-        else:
-            tie = values[..., 0] == values[..., 1]  # [B, q]
-            packed = torch.cat([indices, tie[..., None].to(indices.dtype)], dim=-1).cpu().numpy()
-            top, tie = packed[..., :-1], packed[..., -1] != 0
-        argmax = top[..., 0].copy()
-        ties = np.nonzero(tie)
-        if ties[0].shape[0]:  # exact ties at the top are rare: one more read, of those rows only
-            b, j = (torch.from_numpy(t).to(logits.device) for t in ties)
-            argmax[ties] = logits[b, j].argmax(dim=-1).cpu().numpy()
-        return argmax, top[..., :k]
+        """-> (argmax [B, q] int64, top-k [B, q, k] int64 or None): decoder.logits.top_tokens."""
+        return logits_pass.top_tokens(logits, self._topk)
 
     def _accept(self, rows: list[Row], step: _Step, logits, argmax: np.ndarray, temperature, top_p, gen,
                 work: "_Workspace"):

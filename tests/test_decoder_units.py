@@ -269,14 +269,19 @@ def test_reduce_matches_argmax_on_exact_ties(dtype, k):
     logits[0, 1, [7, 70]] = 9.0  # exact ties at the top
     logits[2, 4, [3, 50, 90]] = 8.0
     logits[1, 0, [20, 21]] = torch.tensor([9.0, 9.0 - 1e-3], dtype=dtype)  # close, not tied (or tied in bf16)
-    argmax, top = dec._reduce(logits)
-    assert argmax.dtype == np.int64 and argmax.tolist() == logits.argmax(dim=-1).tolist()
-    if k == 0:
-        assert top is None
-    else:  # the k largest logits, largest first (tied ids in either order)
-        assert top.shape == (3, 5, k)
-        picked = logits.gather(-1, torch.from_numpy(top))
-        assert torch.equal(picked, logits.topk(k, dim=-1).values)
+    from decoder.logits import torch_top
+
+    results = [dec._reduce(logits)]
+    if k:  # torch's paths too: packed (a GPU's one copy) and read from host memory
+        results += [torch_top(logits, k, packed=True), torch_top(logits, k, packed=False)]
+    for argmax, top in results:
+        assert argmax.dtype == np.int64 and argmax.tolist() == logits.argmax(dim=-1).tolist()
+        if k == 0:
+            assert top is None
+        else:  # the k largest logits, largest first (tied ids in either order)
+            assert top.shape == (3, 5, k)
+            picked = logits.gather(-1, torch.from_numpy(np.ascontiguousarray(top)))
+            assert torch.equal(picked, logits.topk(k, dim=-1).values)
 
 
 def _reference_topk(x: np.ndarray, k: int) -> np.ndarray:
