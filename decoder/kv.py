@@ -56,26 +56,22 @@ def keep_new(cache: DynamicCache, old_len: int, keep: torch.Tensor | np.ndarray,
             keep = torch.from_numpy(keep)
     elif crop is None:
         crop = bool(torch.equal(keep, torch.arange(width, device=keep.device).expand_as(keep)))
+    index = None  # [B, H, K, D] the gather index, expanded once for every layer of one shape
     for layer in cache.layers:  # the caller checked them once with layers() (~1 us a layer a step)
         if not getattr(layer, "is_initialized", True) or layer.keys is None:
             continue
-        assert keep.shape[0] == layer.keys.shape[0], f"keep rows {keep.shape[0]} != cache batch"
+        k, v = layer.keys, layer.values  # [B, H, S, D]
+        assert keep.shape[0] == k.shape[0], f"keep rows {keep.shape[0]} != cache batch"
         if not crop:
-            if keep.device != layer.keys.device:
-                keep = keep.to(layer.keys.device)
-            layer.keys = _gather_into(layer.keys, old_len, keep)
-            layer.values = _gather_into(layer.values, old_len, keep)
-        layer.keys = layer.keys[:, :, : old_len + width]
-        layer.values = layer.values[:, :, : old_len + width]
-
-
-def _gather_into(t: torch.Tensor, old_len: int, keep: torch.Tensor) -> torch.Tensor:
-    """t: [B, H, S, D]; t[:, :, old_len + j] = t[:, :, old_len + keep[:, j]] for every j."""
-    b, h, _, d = t.shape
-    idx = keep[:, None, :, None].expand(b, h, keep.shape[1], d)
-    picked = t[:, :, old_len:].gather(2, idx)  # a copy: safe to write back over its source
-    t[:, :, old_len : old_len + keep.shape[1]] = picked
-    return t
+            shape = (k.shape[0], k.shape[1], width, k.shape[3])
+            if index is None or index.shape != shape or index.device != k.device:
+                index = keep.to(k.device)[:, None, :, None].expand(shape)
+            # the gathered slots are copies: safe to write back over their source
+            picked_k, picked_v = k[:, :, old_len:].gather(2, index), v[:, :, old_len:].gather(2, index)
+            k[:, :, old_len : old_len + width] = picked_k
+            v[:, :, old_len : old_len + width] = picked_v
+        layer.keys = k[:, :, : old_len + width]
+        layer.values = v[:, :, : old_len + width]
 
 
 def select(cache: DynamicCache, rows: torch.Tensor | None = None, start: int = 0) -> None:
