@@ -187,8 +187,9 @@ class ForwardClock:
 
 class LogitsClock:
     """Times the full-vocabulary reductions while installed: wraps torch.X and Tensor.X for X in
-    REDUCTIONS and the decoder's own passes (_decoder_reductions); a call on a tensor whose last dimension is `vocab`, outside the wrapped forward,
-    is timed between two device syncs and summed per op. close() restores the originals."""
+    REDUCTIONS and the decoder's own passes (_decoder_reductions); a call on a tensor whose last
+    dimension is `vocab`, outside the wrapped forward, is timed between two device syncs and
+    summed per op. close() restores the originals."""
 
     def __init__(self, vocab: int, forward_clock: ForwardClock):
         self.vocab, self.fwd, self.device = vocab, forward_clock, forward_clock.device
@@ -520,8 +521,10 @@ def markdown(results: dict) -> str:
         f"Run {results['created']}, {results.get('run_seconds', 0):.0f} s.",
         "",
         "host = decode wall time - stub forward (synced) - full-vocabulary logits reductions (argmax, top-k, "
-        "softmax, sort ... on [.., vocab] tensors, and the decoder's CPU top-k pass, synced and timed in the same decode); per step = / decoder steps; "
-        f"the median of {s.get('repeats', 1)} decodes, each by a fresh decoder. HF = `generate(do_sample=False)` wall time / "
+        "softmax, sort ... on [.., vocab] tensors, and the decoder's CPU top-k pass, synced and timed in the same "
+        "decode); per step = / decoder steps; "
+        f"the median of {s.get('repeats', 1)} decodes, each by a fresh decoder. "
+        "HF = `generate(do_sample=False)` wall time / "
         f"new tokens on the same stub and batch (its whole step; fastest of {s.get('hf_repeats', 1)}). ratio = host / HF; targets: batch 1 <= 0.5x, "
         "batch 32 <= 1.0x. tokens/step per row; phases from the decoder's PhaseTimer (ms/step) when it has one.",
         "",

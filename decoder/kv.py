@@ -43,9 +43,9 @@ def keep_new(cache: DynamicCache, old_len: int, keep: torch.Tensor | np.ndarray,
 
     keep: [B, K] int64 (rows keeping fewer slots repeat an index; the caller masks those holes).
     crop: whether keep is 0..K-1 on every row (a chain accepted from its start), when the caller
-    knows; else checked here. The caller checks the cache's layers with `layers(cache)` once. The gathered slots are written over the start of the new part in
-    place and the rest cut off: no copy of the old slots (the next forward's concatenation
-    copies them anyway).
+    knows; else checked here. The caller checks the cache's layers with `layers(cache)` once.
+    The gathered slots are written over the start of the new part in place and the rest cut off:
+    no copy of the old slots (the next forward's concatenation copies them anyway).
     """
     assert keep.ndim == 2, f"keep must be [B, K], got {tuple(keep.shape)}"
     width = keep.shape[1]

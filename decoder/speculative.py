@@ -447,7 +447,8 @@ class SpeculativeDecoder:
                                         reason, idx, valid)
         if updated:
             cal.changed()
-        return path, length, tokens, cut, [_REASONS[i] for i in reason.tolist()], (idx[:, : 1 + w], valid[:, : 1 + w], crop)
+        reasons = [_REASONS[i] for i in reason.tolist()]
+        return path, length, tokens, cut, reasons, (idx[:, : 1 + w], valid[:, : 1 + w], crop)
 
     def _sample(self, kept: Kept, logits, temperature, top_p, gen):
         """Lossless sampling, row by row (each row draws from its own distribution in order)."""
