@@ -802,6 +802,8 @@ static int calibrate_core(const int64_t *tok, const int64_t *dep, const int64_t 
     }
     for (int64_t i = 0; i < n * S && !err; i++)
         if (bins[i] < 0 || bins[i] >= EVIDENCE_BINS) err = E_SLOT;
+    for (int64_t i = 0; i < n && !err; i++)
+        if (dep[i] < 1) err = E_SLOT;  /* merged nodes are >= 1 deep */
     if (!err && u) {
         int64_t seen = 0;
         for (int64_t r = 0; r < b; r++) {
@@ -816,7 +818,6 @@ static int calibrate_core(const int64_t *tok, const int64_t *dep, const int64_t 
                 double p = raw[i * S + s];
                 if (after[i] < 0 || !(p > 0)) continue;
                 int64_t col = (dep[i] < D ? dep[i] : D) - 1;
-                if (col < 0) col += D;  /* numpy's negative index: depth 0 reads the last column */
                 int64_t c = (s * D + col) * EVIDENCE_BINS + bins[i * S + s];
                 double w = weight[row[i]];
                 pred[c] += p * w;
@@ -1179,7 +1180,7 @@ static PyObject *py_recycle(PyObject *self, PyObject *args) {
     if (!(top = view(&vs, o_top, 'q', 0, &nt, "topk"))) return fail(&vs);
     if (!(next = view(&vs, o_next, 'q', 1, &nn, "next"))) return fail(&vs);
     int64_t kk = n ? nt / n : 0, k = kk < K ? kk : K;
-    if (K < 1 || rows < 0 || nt != n * kk || nn != (rows + 1) * K) return raise(&vs, E_SHAPE);
+    if (K < 1 || rows < 0 || n_tokens > rows || nt != n * kk || nn != (rows + 1) * K) return raise(&vs, E_SHAPE);
     int64_t max_tok = -1, max_succ = -1, written = 0;
     Py_BEGIN_ALLOW_THREADS
     for (int64_t i = 0; i < n; i++) {
