@@ -13,10 +13,9 @@ import torch
 
 from decoder import _step
 from decoder.drafters.base import SideBranch
+from decoder.tree import as_i64
 
 
-def _i64(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -97,14 +96,14 @@ def build_batch(
     valid = valid.cpu().numpy() if isinstance(valid, torch.Tensor) else valid
     assert valid.ndim == 2 and valid.shape[0] == b, f"valid must be [{b}, S], got {tuple(valid.shape)}"
     m = np.asarray([0 if s is None else int(s.tokens.shape[0]) for s in sides], dtype=np.int64)  # [B]
-    starts = _i64(tree.starts)
+    starts = as_i64(tree.starts)
     q = _step.width(starts, m)
     s = valid.shape[1]
     item, low = _mask_bits(dtype)
     full = device.type == "cpu" if full is None else full
     ids_pos = np.empty((2, b, q), dtype=np.int64)  # input ids, positions (padding: the root's)
     host = np.empty((b, 1, q, s + q) if full else (b, s + q * q), dtype=item)
-    _step.inputs(_i64(tree.tokens), _i64(tree.parents), _i64(tree.depths), starts, _i64(roots), _i64(bases),
+    _step.inputs(as_i64(tree.tokens), as_i64(tree.parents), as_i64(tree.depths), starts, as_i64(roots), as_i64(bases),
                  m, int(pad_id), np.ascontiguousarray(valid, dtype=bool), low, full, ids_pos, host)
     if m.any():  # side branches (lookahead): per riding row
         n = np.diff(starts)

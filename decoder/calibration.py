@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from decoder import _step
-from decoder.tree import EVIDENCE_BINS, MergedTree
+from decoder.tree import EVIDENCE_BINS, MergedTree, as_i64
 
 
 @dataclass(frozen=True)
@@ -86,14 +86,10 @@ class Calibration:
             pad = self.predicted.shape[0] - raw_p.shape[1]
             raw_p = np.pad(raw_p, ((0, 0), (0, pad)))
             bins = np.pad(bins, ((0, 0), (0, pad)))
-        if _step.calibrate(_i64(tree.tokens), _i64(tree.depths), _i64(tree.starts), np.ascontiguousarray(raw_p),
-                           _i64(bins), _i64(after), float(self.settings.decay), self.predicted, self.hits):
+        if _step.calibrate(as_i64(tree.tokens), as_i64(tree.depths), as_i64(tree.starts), np.ascontiguousarray(raw_p),
+                           as_i64(bins), as_i64(after), float(self.settings.decay), self.predicted, self.hits):
             self.changed()
 
     def changed(self) -> None:
         """predicted/hits were updated in place (here or by the decoder's `_step.settle`)."""
         self._factors = None
-
-
-def _i64(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.int64)

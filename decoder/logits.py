@@ -20,8 +20,8 @@ def host_topk(logits: torch.Tensor, k: int) -> np.ndarray | None:
     """logits [B, q, V] -> top-k ids [B, q, k] int64 (largest first; equal logits: smaller id first),
     or None where this pass does not apply (not a contiguous float32 CPU tensor, k > MAX_K, or a
     NaN among the logits): the caller then uses torch."""
-    if (logits.device.type != "cpu" or logits.dtype != torch.float32 or not logits.is_contiguous()
-            or not 1 <= k <= min(MAX_K, logits.shape[-1]) or logits.dim() != 3):
+    if (logits.dim() != 3 or logits.device.type != "cpu" or logits.dtype != torch.float32
+            or not logits.is_contiguous() or not 1 <= k <= min(MAX_K, logits.shape[-1])):
         return None
     b, q, v = logits.shape
     out = np.empty((b, q, k), dtype=np.int64)  # [B, q, k]

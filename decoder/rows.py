@@ -5,6 +5,7 @@ import numpy as np
 
 from decoder import _step
 from decoder.stats import GenerationStats
+from decoder.tree import as_i64
 
 
 class Row:
@@ -93,12 +94,8 @@ def commit_lengths(tokens: np.ndarray, length: np.ndarray, remaining: np.ndarray
     assert tokens.ndim == 2 and tokens.shape[0] == b and remaining.shape == (b,), "commit_lengths shapes"
     n = np.empty(b, dtype=np.int64)
     reason = np.empty(b, dtype=np.int64)
-    _step.cut(_i64(tokens), _i64(length), _i64(remaining), _i64(eos), n, reason)
-    return n, [_REASONS[i] for i in reason.tolist()]
+    _step.cut(as_i64(tokens), as_i64(length), as_i64(remaining), as_i64(eos), n, reason)
+    return n, [STOP_REASONS[i] for i in reason.tolist()]
 
 
-_REASONS = ("", "length", "eos")
-
-
-def _i64(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.int64)
+STOP_REASONS = ("", "length", "eos")  # the reason codes of _step.cut and _step.settle

@@ -24,7 +24,7 @@ from decoder.attention import TreeSlots, build_batch, prefill_inputs
 from decoder.calibration import Calibration
 from decoder.cost import CostModel, measure_latency
 from decoder.drafters.base import Drafter, SideBranch
-from decoder.rows import Row, commit_lengths
+from decoder.rows import STOP_REASONS, Row, commit_lengths
 from decoder.stats import DecoderSettings, Generation, GenerationStats
 from decoder.timing import PhaseTimer
 from decoder.tree import Kept, MergedTree, kept_nodes, merge_rows, ranked, select_rows
@@ -447,7 +447,7 @@ class SpeculativeDecoder:
                                         reason, idx, valid)
         if updated:
             cal.changed()
-        reasons = [_REASONS[i] for i in reason.tolist()]
+        reasons = [STOP_REASONS[i] for i in reason.tolist()]
         return path, length, tokens, cut, reasons, (idx[:, : 1 + w], valid[:, : 1 + w], crop)
 
     def _sample(self, kept: Kept, logits, temperature, top_p, gen):
@@ -575,7 +575,6 @@ def _sync(device: torch.device) -> None:
 
 
 _EMPTY = DraftTree.empty("none")
-_REASONS = ("", "length", "eos")  # _step.cut's reason codes
 
 
 class _Workspace:
@@ -594,7 +593,7 @@ class _Workspace:
 
     def views(self, b: int) -> tuple[np.ndarray, ...]:
         """-> path, tokens, length, cut, reason, idx, valid for b rows."""
-        small = self.small[:, :b] if b < self.small.shape[1] else self.small
+        small = self.small[:, :b]  # each of its rows stays contiguous
         return (self.path[:b], self.tokens[:b], small[0], small[1], small[2], self.idx[:b], self.valid[:b])
 
 

@@ -59,7 +59,8 @@ class MergedTree:
                    np.zeros(rows + 1, dtype=np.int64))
 
 
-def _i64(a: np.ndarray) -> np.ndarray:
+def as_i64(a: np.ndarray) -> np.ndarray:
+    """a as a C-contiguous int64 array (itself when it already is one): what decoder/_step.c reads."""
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
@@ -198,7 +199,7 @@ def combine(raw_p: np.ndarray, depths: np.ndarray, factors: np.ndarray | None,
 def path_products(cond_p: np.ndarray, parents: np.ndarray, depths: np.ndarray) -> np.ndarray:
     """[n] product of cond_p from the root to each node (parents precede children per level)."""
     out = np.empty(cond_p.shape[0], dtype=np.float64)
-    _step.path_products(np.ascontiguousarray(cond_p, dtype=np.float64), _i64(parents), out)
+    _step.path_products(np.ascontiguousarray(cond_p, dtype=np.float64), as_i64(parents), out)
     return out
 
 
@@ -206,7 +207,7 @@ def ranked(tree: MergedTree) -> np.ndarray:
     """[n] node indices, row by row, each row's nodes by descending path probability (ties: the
     smaller index first)."""
     out = np.empty(len(tree), dtype=np.int64)
-    _step.ranked(np.ascontiguousarray(tree.path_p, dtype=np.float64), _i64(tree.starts), out)
+    _step.ranked(np.ascontiguousarray(tree.path_p, dtype=np.float64), as_i64(tree.starts), out)
     return out
 
 
@@ -218,8 +219,8 @@ def select_rows(tree: MergedTree, n: np.ndarray, order: np.ndarray | None = None
     if not len(tree):
         return np.zeros(0, dtype=np.int64)
     keep = np.empty(len(tree), dtype=np.int64)
-    k = _step.select(np.ascontiguousarray(tree.path_p, dtype=np.float64), _i64(tree.parents),
-                     _i64(tree.starts), _i64(n), None if order is None else _i64(order), keep)
+    k = _step.select(np.ascontiguousarray(tree.path_p, dtype=np.float64), as_i64(tree.parents),
+                     as_i64(tree.starts), as_i64(n), None if order is None else as_i64(order), keep)
     return keep[:k]
 
 
@@ -243,10 +244,10 @@ class Kept:
 
 def kept_nodes(tree: MergedTree, keep: np.ndarray) -> Kept:
     """keep: ascending merged-tree indices (select_rows) -> those nodes re-indexed."""
-    keep = _i64(keep)
+    keep = as_i64(keep)
     out = np.empty((5, keep.shape[0]), dtype=np.int64)  # tokens, parents, local, depths, row
     starts = np.empty(tree.rows + 1, dtype=np.int64)
-    _step.kept(_i64(tree.tokens), _i64(tree.parents), _i64(tree.depths), _i64(tree.starts), keep, out, starts)
+    _step.kept(as_i64(tree.tokens), as_i64(tree.parents), as_i64(tree.depths), as_i64(tree.starts), keep, out, starts)
     return Kept(out[0], out[1], out[2], out[3], out[4], starts, keep)
 
 

@@ -11,6 +11,7 @@ import torch
 
 from decoder import _step
 from decoder.attention import TreeSlots
+from decoder.tree import as_i64
 
 
 def greedy_accept(tokens: np.ndarray, parents: np.ndarray, depths: np.ndarray, argmax: np.ndarray):
@@ -35,19 +36,17 @@ def greedy_accept_rows(tree: TreeSlots, argmax: np.ndarray) -> tuple[np.ndarray,
     """
     b = argmax.shape[0]
     assert tree.starts.shape == (b + 1,), "greedy_accept_rows: starts must be [B + 1]"
-    tokens, parents, starts = _i64(tree.tokens), _i64(tree.parents), _i64(tree.starts)
-    argmax = _i64(argmax).reshape(b, -1)
+    tokens, parents, starts = as_i64(tree.tokens), as_i64(tree.parents), as_i64(tree.starts)
+    argmax = as_i64(argmax).reshape(b, -1)
     best = np.empty(b, dtype=np.int64)
     length = np.empty(b, dtype=np.int64)
-    width = _step.accept(tokens, parents, _i64(tree.depths), starts, argmax, best, length)  # C: one pass
+    width = _step.accept(tokens, parents, as_i64(tree.depths), starts, argmax, best, length)  # C: one pass
     path = np.empty((b, width), dtype=np.int64)
     out = np.empty((b, width + 1), dtype=np.int64)
     _step.accept_fill(tokens, parents, starts, argmax, best, length, path, out)
     return path, length, out
 
 
-def _i64(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.int64)
 
 
 def warp(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:

@@ -64,6 +64,20 @@ def prompts(n: int, seed: int = 1, lo: int = 3, hi: int = 20, vocab: int = VOCAB
     return [rng.integers(2, vocab, size=int(rng.integers(lo, hi))).tolist() for _ in range(n)]
 
 
+def greedy_store(model, path, seed: int, n_new: int, extra=()) -> tuple[list[list[int]], list[list[int]]]:
+    """8 prompts of 4-12 tokens (`seed`), the model's greedy continuations of n_new tokens, and a
+    real datastore at `path` (stub tokenizer) holding the first 6 prompts with their continuations
+    (2 stay unseen) and the `extra` documents. -> (prompts, continuations)."""
+    from builder.tokenizer import tokenizer_info
+    from builder.writer import write_datastore
+
+    ps = prompts(8, seed=seed, lo=4, hi=12)
+    outs = [greedy(model, p, n_new) for p in ps]
+    docs = [np.asarray(p + o, dtype=np.int64) for p, o in zip(ps[:6], outs[:6])] + list(extra)
+    write_datastore(path, docs, tokenizer_info(StubTokenizer(), "stub"))
+    return ps, outs
+
+
 def chain(tokens, source="oracle") -> DraftTree:
     n = len(tokens)
     return DraftTree(np.asarray(tokens, dtype=np.int32), np.arange(-1, n - 1, dtype=np.int32),

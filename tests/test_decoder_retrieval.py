@@ -12,7 +12,7 @@ from datastore.tree import DraftTree
 from decoder import DecoderSettings, SpeculativeDecoder
 from decoder.drafters.registry import make_drafters
 from decoder.drafters.retrieval import RetrievalDrafter, TokenizerMismatchError
-from decoder_util import StubTokenizer, greedy, prompts, single_thread, tiny_model  # noqa: F401
+from decoder_util import StubTokenizer, greedy, greedy_store, single_thread, tiny_model  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 N = 24
@@ -21,14 +21,9 @@ N = 24
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A tiny model and a real datastore holding its greedy continuations of some prompts."""
-    from builder.writer import write_datastore
-
     model = tiny_model("qwen2", "sdpa", seed=8)
-    ps = prompts(8, seed=9, lo=4, hi=12)
-    outs = [greedy(model, p, N + 8) for p in ps]
     path = tmp_path_factory.mktemp("ds") / "store"
-    docs = [np.asarray(p + o, dtype=np.int64) for p, o in zip(ps[:6], outs[:6])]  # 2 prompts unseen
-    write_datastore(path, docs, tokenizer_info(StubTokenizer(), "stub"))
+    ps, outs = greedy_store(model, path, seed=9, n_new=N + 8)  # 2 prompts unseen
     return model, ps, outs, path
 
 

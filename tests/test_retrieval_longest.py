@@ -6,13 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from builder.tokenizer import tokenizer_info
 from datastore.tree import DraftTree
 from decoder import DecoderSettings, SpeculativeDecoder
 from decoder.drafters.registry import make_drafters
 from decoder.drafters.retrieval import LongestMatchDrafter, cap_depth
 from decoder.tree import depths_of
-from decoder_util import StubTokenizer, greedy, prompts, single_thread, tiny_model  # noqa: F401
+from decoder_util import StubTokenizer, greedy_store, single_thread, tiny_model  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 N = 24
@@ -20,17 +19,13 @@ N = 24
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from builder.writer import write_datastore
     from datastore.store import Datastore
 
     model = tiny_model("llama", "sdpa", seed=4)
-    ps = prompts(8, seed=21, lo=4, hi=12)
-    outs = [greedy(model, p, N + 8) for p in ps]
     rng = np.random.default_rng(0)
-    docs = [np.asarray(p + o, dtype=np.int64) for p, o in zip(ps[:6], outs[:6])]
-    docs += [rng.integers(2, 20, size=200) for _ in range(4)]  # small alphabet: many repeats
+    repeats = [rng.integers(2, 20, size=200) for _ in range(4)]  # small alphabet: many repeats
     path = tmp_path_factory.mktemp("ds") / "store"
-    write_datastore(path, docs, tokenizer_info(StubTokenizer(), "stub"))
+    ps, outs = greedy_store(model, path, seed=21, n_new=N + 8, extra=repeats)
     with Datastore.open(path) as store:
         yield model, ps, outs, path, store
 
